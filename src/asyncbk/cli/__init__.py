@@ -1,0 +1,1 @@
+"""The asyncbk command line."""

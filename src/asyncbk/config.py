@@ -1,0 +1,146 @@
+"""Configuration: frozen dataclasses, every bound named with its unit last.
+
+A bookie reads an optional TOML file (``asyncbk bookie --config FILE``) whose
+keys are the field names of :class:`BookieConfig`; command-line options win
+over the file.  Unknown keys and values of the wrong type or range raise
+:class:`~asyncbk.errors.ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .errors import ConfigError
+
+FRAME_BYTES_MAX_DEFAULT = 8 * 1024 * 1024
+"""Largest wire frame accepted (request or response); an entry is a bit less."""
+
+
+@dataclass(frozen=True)
+class BookieConfig:
+    metadata_uri: str = ""
+    host: str = "127.0.0.1"
+    port: int = 3181
+    journal_dir: str = ""
+    ledger_dir: str = ""
+    advertised_host: str = ""
+    """Host part of the bookie id; defaults to ``host``."""
+
+    # wire
+    frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
+    connection_write_buffer_bytes_high: int = 4 * 1024 * 1024
+    connections_max: int = 1024
+
+    # journal group commit
+    journal_group_wait_ms_max: float = 2.0
+    journal_group_bytes_max: int = 512 * 1024
+    journal_group_entries_max: int = 2048
+    journal_flush_when_queue_empty: bool = True
+    journal_queue_entries_max: int = 20_000
+    journal_file_bytes_max: int = 256 * 1024 * 1024
+    journal_sync: bool = True
+    """fdatasync the journal before acknowledging (turn off only for tests of the non-durable path)."""
+
+    # entry storage
+    entry_log_bytes_max: int = 1024 * 1024 * 1024
+    checkpoint_interval_s: float = 10.0
+
+    # registration
+    lease_ttl_s: int = 10
+    register_retry_s_max: float = 5.0
+    metadata_timeout_s: float = 10.0
+
+    # shutdown
+    drain_timeout_s: float = 10.0
+
+    def validate(self) -> BookieConfig:
+        _check_positive(self, "frame_bytes_max", "journal_group_bytes_max",
+                        "journal_group_entries_max", "journal_queue_entries_max",
+                        "journal_file_bytes_max", "entry_log_bytes_max",
+                        "checkpoint_interval_s", "lease_ttl_s", "connections_max",
+                        "metadata_timeout_s", "drain_timeout_s")
+        if self.journal_group_wait_ms_max < 0:
+            raise ConfigError("journal_group_wait_ms_max must be >= 0")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if self.lease_ttl_s < 2:
+            raise ConfigError("lease_ttl_s must be >= 2 (keep-alives are sent every ttl/3)")
+        return self
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    add_timeout_s: float = 10.0
+    """A request to one bookie that gets no answer in this time fails that bookie's part."""
+    read_timeout_s: float = 10.0
+    connect_timeout_s: float = 5.0
+    metadata_timeout_s: float = 10.0
+    pending_adds_max: int = 50_000
+    """Appends in flight on one ledger handle; past it ``append`` raises TooManyRequestsError."""
+    frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
+    connection_requests_max: int = 100_000
+    """Requests in flight on one bookie connection."""
+    reconnect_backoff_s_max: float = 2.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> ClientConfig:
+        _check_positive(self, "add_timeout_s", "read_timeout_s", "connect_timeout_s",
+                        "metadata_timeout_s", "pending_adds_max", "frame_bytes_max",
+                        "connection_requests_max")
+        return self
+
+
+T = TypeVar("T", BookieConfig, ClientConfig)
+
+
+def _check_positive(cfg: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if not value > 0:
+            raise ConfigError(f"{name} must be > 0, got {value!r}")
+
+
+def from_mapping(cls: type[T], values: dict[str, Any], source: str = "options") -> T:
+    """Build ``cls`` from a mapping, checking names and types; raises ConfigError."""
+    known = {f.name: f for f in fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        key_norm = key.replace("-", "_")
+        f = known.get(key_norm)
+        if f is None:
+            raise ConfigError(f"{source}: unknown setting {key!r}")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if default is not None and not isinstance(default, dict):
+            expected = type(default)
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+                raise ConfigError(
+                    f"{source}: {key!r} must be {expected.__name__}, got {type(value).__name__}"
+                )
+        kwargs[key_norm] = value
+    try:
+        cfg = cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return cfg.validate()
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file; raises ConfigError (with the path) if unreadable."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+    section = data.get("bookie", data)
+    if not isinstance(section, dict):
+        raise ConfigError(f"config file {p}: [bookie] must be a table")
+    return section

@@ -1,0 +1,106 @@
+"""The metadata store interface.  Two implementations share these semantics:
+``meta.etcd.EtcdMetadataStore`` (production) and
+``meta.memory.MemoryMetadataStore`` (unit tests and the simulator)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..types import BookieId
+from .model import LedgerMetadata
+
+
+@dataclass(frozen=True)
+class BookieRegistration:
+    bookie_id: BookieId
+    readonly: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class MetadataStore(Protocol):
+    """Ledger metadata, ledger ids, bookie registry (with leases) and cookies.
+
+    Errors: ``NoSuchLedgerError`` for a missing ledger; ``MetadataVersionError``
+    when a compare-and-swap loses (the caller re-reads, never overwrites);
+    ``TimeoutError`` (asyncbk's) when the store does not answer within the
+    store's timeout; ``MetadataError`` for anything else the store does wrong.
+    """
+
+    root: str
+
+    # --- ledgers ---------------------------------------------------------
+    async def allocate_ledger_id(self) -> int:
+        """A ledger id no other call (from any client) ever returns; ids are > 0."""
+        ...
+
+    async def create_ledger(self, md: LedgerMetadata) -> LedgerMetadata:
+        """Store ``md`` if no ledger with its id exists (else MetadataVersionError).
+        Returns ``md`` with ``version`` set."""
+        ...
+
+    async def read_ledger(self, ledger_id: int) -> LedgerMetadata:
+        ...
+
+    async def update_ledger(self, md: LedgerMetadata) -> LedgerMetadata:
+        """Compare-and-swap: write ``md`` only if the stored version is ``md.version``.
+        Returns the new value with its new version.  MetadataVersionError on a lost
+        race, NoSuchLedgerError if the ledger was deleted."""
+        ...
+
+    async def delete_ledger(self, ledger_id: int, version: int | None = None) -> None:
+        """Delete (only at ``version`` if given).  NoSuchLedgerError if absent."""
+        ...
+
+    def iter_ledger_ids(self, page_size: int = 1000) -> AsyncIterator[int]:
+        """Every ledger id, ascending, read in pages."""
+        ...
+
+    # --- leases ----------------------------------------------------------
+    async def grant_lease(self, ttl_s: int) -> int:
+        ...
+
+    async def keepalive_lease(self, lease_id: int) -> int:
+        """Refresh the lease; returns its remaining TTL in seconds, 0 if it is gone."""
+        ...
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        ...
+
+    # --- bookie registry -------------------------------------------------
+    async def register_bookie(self, reg: BookieRegistration, lease_id: int) -> None:
+        """Put the registration (writable or read-only key) bound to the lease and
+        remove the other kind for the same bookie, atomically."""
+        ...
+
+    async def unregister_bookie(self, bookie_id: BookieId) -> None:
+        ...
+
+    async def list_bookies(self) -> dict[BookieId, BookieRegistration]:
+        ...
+
+    def watch_bookies(self) -> AsyncIterator[dict[BookieId, BookieRegistration]]:
+        """The registry as it changes: first the current view, then a new full view
+        after every change.  Survives store hiccups by re-listing and re-watching;
+        ends only when cancelled or the store is closed."""
+        ...
+
+    # --- cookies and cluster identity -----------------------------------
+    async def read_cookie(self, bookie_id: BookieId) -> tuple[bytes, int] | None:
+        """``(value, version)`` or None."""
+        ...
+
+    async def write_cookie(self, bookie_id: BookieId, data: bytes, version: int | None) -> int:
+        """Create (``version`` None: only if absent) or CAS-update; returns the new version.
+        MetadataVersionError on conflict."""
+        ...
+
+    async def delete_cookie(self, bookie_id: BookieId) -> None:
+        ...
+
+    async def get_or_create_instance_id(self) -> str:
+        ...
+
+    async def close(self) -> None:
+        ...

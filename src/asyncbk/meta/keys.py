@@ -1,0 +1,89 @@
+"""The whole key layout of asyncbk in the metadata store, in one place.
+
+Every key lives under the root prefix of the metadata URI
+(``etcd://host:port/<root>``)::
+
+    <root>/instanceid                  cluster instance id (uuid4 text), created once
+    <root>/idgen                       written to allocate ledger ids: the id is the
+                                       store revision of that write (unique, increasing)
+    <root>/ledgers/<id:020d>           ledger metadata (msgpack, see meta.model);
+                                       zero-padded so a range scan lists ids in order
+    <root>/bookies/writable/<bookie>   registration of a writable bookie, bound to its lease
+    <root>/bookies/readonly/<bookie>   registration of a read-only bookie, bound to its lease
+    <root>/cookies/<bookie>            cookie binding a bookie id to its directories
+    <root>/underreplication/...        reserved for auto-recovery
+
+Values of registrations are msgpack maps (``BookieRegistration.info``).
+"""
+
+from __future__ import annotations
+
+LEDGER_ID_DIGITS = 20
+
+
+def normalize_root(root: str) -> str:
+    root = "/" + root.strip("/")
+    return "" if root == "/" else root
+
+
+def instance_id(root: str) -> str:
+    return f"{root}/instanceid"
+
+
+def idgen(root: str) -> str:
+    return f"{root}/idgen"
+
+
+def ledgers_prefix(root: str) -> str:
+    return f"{root}/ledgers/"
+
+
+def ledger(root: str, ledger_id: int) -> str:
+    return f"{root}/ledgers/{ledger_id:0{LEDGER_ID_DIGITS}d}"
+
+
+def ledger_id_from_key(root: str, key: str) -> int:
+    return int(key[len(ledgers_prefix(root)) :])
+
+
+def bookies_prefix(root: str) -> str:
+    return f"{root}/bookies/"
+
+
+def bookie_writable(root: str, bookie_id: str) -> str:
+    return f"{root}/bookies/writable/{bookie_id}"
+
+
+def bookie_readonly(root: str, bookie_id: str) -> str:
+    return f"{root}/bookies/readonly/{bookie_id}"
+
+
+def parse_bookie_key(root: str, key: str) -> tuple[str, bool] | None:
+    """``(bookie_id, readonly)`` for a registration key, else None."""
+    rest = key[len(bookies_prefix(root)) :] if key.startswith(bookies_prefix(root)) else None
+    if rest is None:
+        return None
+    kind, _, bookie_id = rest.partition("/")
+    if kind == "writable" and bookie_id:
+        return bookie_id, False
+    if kind == "readonly" and bookie_id:
+        return bookie_id, True
+    return None
+
+
+def cookie(root: str, bookie_id: str) -> str:
+    return f"{root}/cookies/{bookie_id}"
+
+
+def underreplication_prefix(root: str) -> str:
+    return f"{root}/underreplication/"
+
+
+def prefix_end(prefix: str) -> str:
+    """The first key after every key starting with ``prefix`` (for range scans)."""
+    b = bytearray(prefix.encode())
+    for i in range(len(b) - 1, -1, -1):
+        if b[i] < 0xFF:
+            b[i] += 1
+            return bytes(b[: i + 1]).decode("latin-1")
+    return "\0"

@@ -1,0 +1,1 @@
+"""Asynchronous network I/O: the only code that touches sockets."""

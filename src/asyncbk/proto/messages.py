@@ -1,0 +1,291 @@
+"""Typed protocol messages and their msgpack encoding.
+
+Every message body is one msgpack array::
+
+    request:   [version, op, request_id, *fields]
+    response:  [version, op, request_id, status, *fields]
+
+``version`` is :data:`PROTOCOL_VERSION`; ``op`` an :class:`Op`; ``request_id``
+a client-chosen unsigned integer, unique among the requests in flight on one
+connection, echoed in the response (responses may come in any order).  The
+fields of each op are those of its dataclass below, in declaration order.
+
+Decoding is strict: a body that is not msgpack, has the wrong arity, or a
+field of the wrong type raises :class:`~asyncbk.errors.ProtocolError`.
+Values that are well-typed but out of range (a negative ledger id) are the
+request processor's to reject with :attr:`Status.BAD_REQUEST`.
+
+Entry bodies are opaque to the bookie: the client wraps each payload in a
+digest envelope (see ``asyncbk.client.digest``); the LAC piggybacked on an
+add travels as its own field so the bookie never parses the body.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, TypeAlias
+
+import msgpack
+
+from ..errors import ProtocolError
+from .framing import encode_frame
+
+PROTOCOL_VERSION = 1
+
+
+class Op(enum.IntEnum):
+    ADD = 1
+    READ = 2
+    READ_LAC = 3
+    WRITE_LAC = 4
+    LONG_POLL_LAC = 5
+    BOOKIE_INFO = 6
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    NO_LEDGER = 1
+    NO_ENTRY = 2
+    FENCED = 3
+    UNAUTHORIZED = 4
+    READ_ONLY = 5
+    BAD_REQUEST = 6
+    TOO_MANY_REQUESTS = 7
+    IO_ERROR = 8
+    BAD_VERSION = 9
+    NOT_READY = 10
+
+
+class AddFlag(enum.IntFlag):
+    NONE = 0
+    RECOVERY_ADD = 1
+    """A recovery re-write: accepted even though the ledger is fenced."""
+
+
+class ReadFlag(enum.IntFlag):
+    NONE = 0
+    FENCE = 1
+    """Fence the ledger (durably) before answering; needs the master key."""
+
+
+# ---------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    OP: ClassVar[Op] = Op.ADD
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    master_key: bytes
+    flags: int
+    lac: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    OP: ClassVar[Op] = Op.READ
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    """-1 reads the last entry the bookie holds."""
+    flags: int
+    master_key: bytes
+    """Required (non-empty) with the FENCE flag; ignored otherwise."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLacRequest:
+    OP: ClassVar[Op] = Op.READ_LAC
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLacRequest:
+    OP: ClassVar[Op] = Op.WRITE_LAC
+    request_id: int
+    ledger_id: int
+    master_key: bytes
+    lac: int
+
+
+@dataclass(frozen=True, slots=True)
+class LongPollLacRequest:
+    OP: ClassVar[Op] = Op.LONG_POLL_LAC
+    request_id: int
+    ledger_id: int
+    previous_lac: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BookieInfoRequest:
+    OP: ClassVar[Op] = Op.BOOKIE_INFO
+    request_id: int
+
+
+Request: TypeAlias = (
+    AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | LongPollLacRequest
+    | BookieInfoRequest
+)
+
+# ---------------------------------------------------------------- responses
+
+
+@dataclass(frozen=True, slots=True)
+class AddResponse:
+    OP: ClassVar[Op] = Op.ADD
+    request_id: int
+    status: int
+    ledger_id: int
+    entry_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResponse:
+    OP: ClassVar[Op] = Op.READ
+    request_id: int
+    status: int
+    ledger_id: int
+    entry_id: int
+    body: bytes
+    lac: int
+    """The highest LAC this bookie has seen for the ledger (piggybacked or explicit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLacResponse:
+    OP: ClassVar[Op] = Op.READ_LAC
+    request_id: int
+    status: int
+    ledger_id: int
+    lac: int
+    last_entry_id: int
+    """The highest entry id stored on this bookie (-1 when none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLacResponse:
+    OP: ClassVar[Op] = Op.WRITE_LAC
+    request_id: int
+    status: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LongPollLacResponse:
+    OP: ClassVar[Op] = Op.LONG_POLL_LAC
+    request_id: int
+    status: int
+    ledger_id: int
+    lac: int
+
+
+@dataclass(frozen=True, slots=True)
+class BookieInfoResponse:
+    OP: ClassVar[Op] = Op.BOOKIE_INFO
+    request_id: int
+    status: int
+    bookie_id: str
+    state: str
+    free_bytes: int
+    total_bytes: int
+    version: str
+
+
+Response: TypeAlias = (
+    AddResponse | ReadResponse | ReadLacResponse | WriteLacResponse | LongPollLacResponse
+    | BookieInfoResponse
+)
+
+# ---------------------------------------------------------------- codec
+
+_REQUESTS: dict[int, type[Any]] = {
+    c.OP: c
+    for c in (AddRequest, ReadRequest, ReadLacRequest, WriteLacRequest, LongPollLacRequest,
+              BookieInfoRequest)
+}
+_RESPONSES: dict[int, type[Any]] = {
+    c.OP: c
+    for c in (AddResponse, ReadResponse, ReadLacResponse, WriteLacResponse, LongPollLacResponse,
+              BookieInfoResponse)
+}
+
+
+def _field_types(cls: type[Any]) -> tuple[tuple[str, type], ...]:
+    out = []
+    for f in fields(cls):
+        t = {"int": int, "bytes": bytes, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+        out.append((f.name, t))
+    return tuple(out)
+
+
+_SCHEMA: dict[type[Any], tuple[tuple[str, type], ...]] = {
+    cls: _field_types(cls) for cls in (*_REQUESTS.values(), *_RESPONSES.values())
+}
+
+_INT64_MIN = -(1 << 63)
+_UINT64_MAX = (1 << 64) - 1
+
+
+def _pack(op: int, msg: Any) -> bytes:
+    values = [getattr(msg, name) for name, _ in _SCHEMA[type(msg)]]
+    return msgpack.packb([PROTOCOL_VERSION, op, *values], use_bin_type=True)
+
+
+def encode_request(msg: Request) -> bytes:
+    """The whole frame (length prefix included) for a request."""
+    return encode_frame(_pack(msg.OP, msg))
+
+
+def encode_response(msg: Response) -> bytes:
+    """The whole frame (length prefix included) for a response."""
+    return encode_frame(_pack(msg.OP, msg))
+
+
+def _unpack(body: bytes, table: dict[int, type[Any]], kind: str) -> Any:
+    try:
+        arr = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several types; all mean "not msgpack"
+        raise ProtocolError(f"{kind} is not valid msgpack: {type(exc).__name__}") from None
+    if not isinstance(arr, list) or len(arr) < 3:
+        raise ProtocolError(f"{kind} must be an array of at least 3 items")
+    version, op = arr[0], arr[1]
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"unsupported protocol version {version!r}")
+    if type(op) is not int:
+        raise ProtocolError(f"{kind} op must be an integer")
+    cls = table.get(op)
+    if cls is None:
+        raise ProtocolError(f"unknown {kind} op {op}")
+    schema = _SCHEMA[cls]
+    values = arr[2:]
+    if len(values) != len(schema):
+        raise ProtocolError(
+            f"{kind} op {Op(op).name} needs {len(schema)} fields, got {len(values)}"
+        )
+    for (name, t), v in zip(schema, values, strict=True):
+        if type(v) is not t:
+            raise ProtocolError(
+                f"{kind} op {Op(op).name} field {name} must be {t.__name__}, got {type(v).__name__}"
+            )
+        if t is int and not _INT64_MIN <= v <= _UINT64_MAX:
+            raise ProtocolError(f"{kind} op {Op(op).name} field {name} out of range")
+    if values[0] < 0:
+        raise ProtocolError(f"{kind} request_id must be >= 0")
+    return cls(*values)
+
+
+def decode_request(body: bytes) -> Request:
+    """Decode one request body (without its length prefix)."""
+    msg: Request = _unpack(body, _REQUESTS, "request")
+    return msg
+
+
+def decode_response(body: bytes) -> Response:
+    """Decode one response body (without its length prefix)."""
+    msg: Response = _unpack(body, _RESPONSES, "response")
+    return msg

@@ -1,0 +1,1 @@
+"""Test harnesses: LocalCluster (real processes), the etcd runner, fakes."""
