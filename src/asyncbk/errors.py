@@ -55,7 +55,7 @@ class MetadataVersionError(BKError):
     """A compare-and-swap on metadata lost against a concurrent change."""
 
 
-class TimeoutError(BKError, builtins.TimeoutError):  # noqa: A001 - part of the public API
+class TimeoutError(BKError, builtins.TimeoutError):
     """An operation did not complete within its time limit."""
 
 

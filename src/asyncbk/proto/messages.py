@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, cast
 
 import msgpack
 
@@ -272,7 +272,7 @@ def _unpack(body: bytes, table: dict[int, type[Any]], kind: str) -> Any:
             raise ProtocolError(
                 f"{kind} op {Op(op).name} field {name} must be {t.__name__}, got {type(v).__name__}"
             )
-        if t is int and not _INT64_MIN <= v <= _UINT64_MAX:
+        if t is int and not _INT64_MIN <= cast(int, v) <= _UINT64_MAX:
             raise ProtocolError(f"{kind} op {Op(op).name} field {name} out of range")
     if values[0] < 0:
         raise ProtocolError(f"{kind} request_id must be >= 0")

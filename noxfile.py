@@ -1,0 +1,29 @@
+"""nox sessions: tests, lint, typecheck (bench and sim arrive with their issues)."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The default test run: unit, property and integration tests (real etcd and bookies)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff, including the flake8-async rules."""
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over the package."""
+    session.install("-e", ".[lint]")
+    session.run("mypy")

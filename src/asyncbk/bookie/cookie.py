@@ -1,0 +1,130 @@
+"""Cookies: the bookie's identity, bound to its directories.
+
+A cookie records the bookie id, the cluster instance id and the (absolute)
+journal and ledger directories.  It is stored in the metadata store
+(``<root>/cookies/<bookie id>``) and as ``COOKIE`` in each directory.
+
+Why: a bookie whose disk was wiped or swapped must not start and answer "no
+such entry" for data it once acknowledged; during recovery such answers
+could close a ledger short (invariant 6).  So:
+
+* nothing anywhere, directories empty  -> a new bookie: format (write all cookies);
+* every copy present and equal         -> start;
+* anything else                        -> refuse, with a message saying what
+  differs and what the operator can do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..errors import CookieError
+from ..meta.api import MetadataStore
+
+COOKIE_FILE = "COOKIE"
+COOKIE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Cookie:
+    bookie_id: str
+    instance_id: str
+    journal_dir: str
+    ledger_dir: str
+    format: int = COOKIE_FORMAT
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> Cookie:
+        try:
+            d = json.loads(data)
+            return cls(**d)
+        except (ValueError, TypeError) as exc:
+            raise CookieError(f"cookie in {where} is unreadable ({exc}); the bookie refuses "
+                              "to start on directories it cannot identify") from None
+
+
+def _dir_has_data(path: Path) -> bool:
+    return path.exists() and any(p.name != COOKIE_FILE for p in path.iterdir())
+
+
+def _read_local(path: Path) -> Cookie | None:
+    f = path / COOKIE_FILE
+    if not f.exists():
+        return None
+    return Cookie.from_bytes(f.read_bytes(), str(f))
+
+
+def _write_local(path: Path, cookie: Cookie) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / (COOKIE_FILE + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(cookie.to_bytes())
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path / COOKIE_FILE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def check_or_format(
+    meta: MetadataStore, bookie_id: str, journal_dir: Path, ledger_dir: Path
+) -> Cookie:
+    """Verify (or, for a brand-new bookie, create) the cookies; raises CookieError."""
+    journal_dir, ledger_dir = await asyncio.to_thread(
+        lambda: (journal_dir.resolve(), ledger_dir.resolve()))
+    instance_id = await meta.get_or_create_instance_id()
+    expected = Cookie(bookie_id, instance_id, str(journal_dir), str(ledger_dir))
+
+    def read_dirs() -> tuple[Cookie | None, Cookie | None, bool, bool]:
+        return (_read_local(journal_dir), _read_local(ledger_dir),
+                _dir_has_data(journal_dir), _dir_has_data(ledger_dir))
+
+    local_j, local_l, data_j, data_l = await asyncio.to_thread(read_dirs)
+    stored = await meta.read_cookie(bookie_id)
+    remote = Cookie.from_bytes(stored[0], "the metadata store") if stored else None
+
+    if remote is None and local_j is None and local_l is None:
+        for d, has_data in ((journal_dir, data_j), (ledger_dir, data_l)):
+            if has_data:
+                raise CookieError(
+                    f"{d} holds files but no cookie: refusing to adopt unknown data as bookie "
+                    f"{bookie_id}. Point the bookie at empty directories, or move the files away.")
+        await meta.write_cookie(bookie_id, expected.to_bytes(), None)
+        await asyncio.to_thread(_write_local, journal_dir, expected)
+        await asyncio.to_thread(_write_local, ledger_dir, expected)
+        return expected
+
+    if remote is None:
+        raise CookieError(
+            f"bookie {bookie_id}: its directories have a cookie but the metadata store has none "
+            f"(was the cluster metadata wiped, or is this a different cluster?). Refusing to start.")
+    for d, local in ((journal_dir, local_j), (ledger_dir, local_l)):
+        if local is None:
+            raise CookieError(
+                f"bookie {bookie_id} is registered, but {d} has no cookie: its disk was wiped or "
+                f"replaced, and serving from it could lose acknowledged entries. If the data is "
+                f"really gone, re-replicate the bookie's ledgers, then remove its identity with "
+                f"`asyncbk shell bookieformat --metadata-uri URI --bookie-id {bookie_id} "
+                f"--delete-cookie` and start it again.")
+        if local != remote:
+            diffs = [k for k, v in asdict(local).items() if asdict(remote)[k] != v]
+            raise CookieError(
+                f"bookie {bookie_id}: the cookie in {d} does not match the registered one "
+                f"(differs in: {', '.join(diffs)}); a directory was swapped or belongs to another "
+                f"bookie or cluster. Refusing to start.")
+    if remote != expected:
+        diffs = [k for k, v in asdict(expected).items() if asdict(remote)[k] != v]
+        raise CookieError(
+            f"bookie {bookie_id}: started with different settings than its cookie records "
+            f"(differs in: {', '.join(diffs)}). Use the original directories.")
+    return remote

@@ -1,0 +1,381 @@
+"""The bookie's request processor: the rules of each operation.
+
+* ADD: refused with READ_ONLY on a read-only bookie, NOT_READY while the bookie
+  is not registered (lease lost, starting, draining), UNAUTHORIZED when the
+  master key differs from the ledger's, FENCED on a fenced ledger unless it is a
+  recovery add.  Otherwise the entry goes to the journal and the OK response
+  is sent only once the journal fsync covering it has completed.
+* READ with the FENCE flag fences the ledger durably first (creating the
+  ledger with the given master key if this bookie never saw it, so a late add
+  from the old writer is refused), then reads.  Entry id -1 reads the last
+  entry.  The response carries the LAC this bookie knows.
+* READ_LAC, WRITE_LAC (explicit LAC, journaled), LONG_POLL_LAC (held until the
+  LAC passes ``previous_lac`` or the timeout expires), BOOKIE_INFO.
+
+Bad values in a well-formed request get BAD_REQUEST; nothing raises out of
+``handle``.  When the journal queue is nearly full, the connection that is
+adding stops being read until there is room again (backpressure), and at the
+hard bound adds get TOO_MANY_REQUESTS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Coroutine
+from typing import Any
+
+from .._version import __version__
+from ..errors import BookieIOError, NoSuchEntryError, NoSuchLedgerError, TooManyRequestsError
+from ..log import get_logger
+from ..net.server import ServerConnection
+from ..proto import (
+    AddFlag,
+    AddRequest,
+    AddResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    LongPollLacRequest,
+    LongPollLacResponse,
+    ReadFlag,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Request,
+    Response,
+    Status,
+    WriteLacRequest,
+    WriteLacResponse,
+)
+from .storage import LedgerStorage
+
+LONG_POLL_WAITERS_MAX = 10_000
+LONG_POLL_TIMEOUT_MS_MAX = 60_000
+MASTER_KEY_BYTES_MAX = 64
+
+
+class BookieState(enum.StrEnum):
+    STARTING = "starting"
+    WRITABLE = "writable"
+    READ_ONLY = "readonly"
+    UNREGISTERED = "unregistered"
+    """The registration lease was lost: reads are served, adds refused until re-registered."""
+    DRAINING = "draining"
+
+
+class _LacWaiter:
+    __slots__ = ("conn", "handle", "request")
+
+    def __init__(self, request: LongPollLacRequest, conn: ServerConnection) -> None:
+        self.request = request
+        self.conn = conn
+        self.handle: asyncio.TimerHandle | None = None
+
+
+class RequestProcessor:
+    def __init__(self, storage: LedgerStorage, bookie_id: str, log: Any = None) -> None:
+        self.storage = storage
+        self.bookie_id = bookie_id
+        self.state = BookieState.STARTING
+        self.log = log or get_logger(bookie_id=bookie_id)
+        self._loop = asyncio.get_running_loop()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._inflight_adds = 0
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._lac_waiters: dict[int, list[_LacWaiter]] = {}
+        self._lac_waiter_count = 0
+        self._paused: set[ServerConnection] = set()
+        self._space_task: asyncio.Task[None] | None = None
+        self._queue_high = max(1, storage_queue_bound(storage) * 3 // 4)
+        self.counters: dict[str, int] = {"adds": 0, "reads": 0, "fences": 0, "rejected": 0}
+
+    # ------------------------------------------------------------------ dispatch
+
+    def handle(self, request: Request, conn: ServerConnection) -> None:
+        if isinstance(request, AddRequest):
+            self._add(request, conn)
+        elif isinstance(request, ReadRequest):
+            self._read(request, conn)
+        elif isinstance(request, ReadLacRequest):
+            self._read_lac(request, conn)
+        elif isinstance(request, LongPollLacRequest):
+            self._long_poll_lac(request, conn)
+        elif isinstance(request, WriteLacRequest):
+            self._write_lac(request, conn)
+        elif isinstance(request, BookieInfoRequest):
+            self._info(request, conn)
+
+    # ------------------------------------------------------------------ add
+
+    def _add(self, req: AddRequest, conn: ServerConnection) -> None:
+        status = self._check_add(req)
+        if status is not Status.OK:
+            self.counters["rejected"] += 1
+            conn.respond(AddResponse(req.request_id, status, req.ledger_id, req.entry_id))
+            return
+        try:
+            fut = self.storage.add_entry(req.ledger_id, req.entry_id, req.master_key, req.body)
+        except TooManyRequestsError:
+            conn.respond(AddResponse(req.request_id, Status.TOO_MANY_REQUESTS, req.ledger_id,
+                                     req.entry_id))
+            return
+        except BookieIOError:
+            conn.respond(AddResponse(req.request_id, Status.IO_ERROR, req.ledger_id, req.entry_id))
+            return
+        self.counters["adds"] += 1
+        self._inflight_adds += 1
+        self._drained.clear()
+        if req.lac >= 0 and self.storage.update_lac(req.ledger_id, req.lac):
+            self._notify_lac(req.ledger_id)
+
+        def done(f: asyncio.Future[None]) -> None:
+            self._inflight_adds -= 1
+            if self._inflight_adds == 0:
+                self._drained.set()
+            if f.cancelled() or f.exception() is not None:
+                status = Status.IO_ERROR
+            else:
+                status = Status.OK
+            conn.respond(AddResponse(req.request_id, status, req.ledger_id, req.entry_id))
+
+        fut.add_done_callback(done)
+        if self.storage.journal_queue_entries >= self._queue_high:
+            self._apply_backpressure(conn)
+
+    def _check_add(self, req: AddRequest) -> Status:
+        if req.ledger_id < 0 or req.entry_id < 0 or req.lac < -1:
+            return Status.BAD_REQUEST
+        if not req.master_key or len(req.master_key) > MASTER_KEY_BYTES_MAX:
+            return Status.BAD_REQUEST
+        recovery = bool(req.flags & AddFlag.RECOVERY_ADD)
+        if self.state is BookieState.READ_ONLY and not recovery:
+            return Status.READ_ONLY
+        if self.state in (BookieState.STARTING, BookieState.UNREGISTERED, BookieState.DRAINING):
+            return Status.NOT_READY
+        info = self.storage.ledger(req.ledger_id)
+        if info is not None:
+            if info.master_key != req.master_key:
+                return Status.UNAUTHORIZED
+            if info.fenced and not recovery:
+                return Status.FENCED
+        return Status.OK
+
+    def _apply_backpressure(self, conn: ServerConnection) -> None:
+        conn.pause_reading("journal")
+        self._paused.add(conn)
+        if self._space_task is None:
+            self._space_task = self._loop.create_task(self._resume_when_space())
+
+    async def _resume_when_space(self) -> None:
+        try:
+            await self.storage.wait_for_queue_space()
+        finally:
+            self._space_task = None
+            paused, self._paused = self._paused, set()
+            for conn in paused:
+                conn.resume_reading("journal")
+
+    # ------------------------------------------------------------------ read
+
+    def _read(self, req: ReadRequest, conn: ServerConnection) -> None:
+        if req.ledger_id < 0 or req.entry_id < -1:
+            conn.respond(ReadResponse(req.request_id, Status.BAD_REQUEST, req.ledger_id,
+                                      req.entry_id, b"", -1))
+            return
+        self.counters["reads"] += 1
+        self._spawn(self._read_async(req, conn))
+
+    async def _read_async(self, req: ReadRequest, conn: ServerConnection) -> None:
+        ledger_id, entry_id = req.ledger_id, req.entry_id
+
+        def reply(status: Status, body: bytes = b"", eid: int = entry_id) -> None:
+            info = self.storage.ledger(ledger_id)
+            conn.respond(ReadResponse(req.request_id, status, ledger_id, eid, body,
+                                      info.lac if info is not None else -1))
+
+        if req.flags & ReadFlag.FENCE:
+            if not req.master_key or len(req.master_key) > MASTER_KEY_BYTES_MAX:
+                reply(Status.BAD_REQUEST)
+                return
+            info = self.storage.ledger(ledger_id)
+            if info is not None and info.master_key != req.master_key:
+                reply(Status.UNAUTHORIZED)
+                return
+            self.counters["fences"] += 1
+            try:
+                await self.storage.fence(ledger_id, req.master_key)
+            except (BookieIOError, TooManyRequestsError):
+                reply(Status.IO_ERROR)
+                return
+            self.log.info("ledger fenced", ledger_id=ledger_id, request_id=req.request_id,
+                          peer=conn.peer)
+        try:
+            info = self.storage.ledger(ledger_id)
+            if info is None:
+                raise NoSuchLedgerError(str(ledger_id))
+            if entry_id == -1 and info.last_entry_id < 0:
+                raise NoSuchEntryError(f"ledger {ledger_id} has no entries here")
+            real_id = info.last_entry_id if entry_id == -1 else entry_id
+            body = await self.storage.read_entry(ledger_id, real_id)
+        except NoSuchLedgerError:
+            reply(Status.NO_LEDGER)
+        except NoSuchEntryError:
+            reply(Status.NO_ENTRY)
+        except (BookieIOError, OSError) as exc:
+            self.log.error("read failed", ledger_id=ledger_id, entry_id=entry_id,
+                           error=str(exc))
+            reply(Status.IO_ERROR)
+        else:
+            reply(Status.OK, body, real_id)
+
+    # ------------------------------------------------------------------ LAC
+
+    def _read_lac(self, req: ReadLacRequest, conn: ServerConnection) -> None:
+        info = self.storage.ledger(req.ledger_id)
+        if info is None:
+            conn.respond(ReadLacResponse(req.request_id, Status.NO_LEDGER, req.ledger_id, -1, -1))
+        else:
+            conn.respond(ReadLacResponse(req.request_id, Status.OK, req.ledger_id, info.lac,
+                                         info.last_entry_id))
+
+    def _write_lac(self, req: WriteLacRequest, conn: ServerConnection) -> None:
+        info = self.storage.ledger(req.ledger_id)
+        if req.lac < -1 or not req.master_key:
+            status = Status.BAD_REQUEST
+        elif info is None:
+            status = Status.NO_LEDGER
+        elif info.master_key != req.master_key:
+            status = Status.UNAUTHORIZED
+        else:
+            status = Status.OK
+        if status is not Status.OK:
+            conn.respond(WriteLacResponse(req.request_id, status, req.ledger_id))
+            return
+        if self.storage.update_lac(req.ledger_id, req.lac):
+            self._notify_lac(req.ledger_id)
+        try:
+            fut = self.storage.write_explicit_lac(req.ledger_id, req.lac)
+        except (TooManyRequestsError, BookieIOError):
+            conn.respond(WriteLacResponse(req.request_id, Status.IO_ERROR, req.ledger_id))
+            return
+
+        def done(f: asyncio.Future[None]) -> None:
+            ok = not f.cancelled() and f.exception() is None
+            conn.respond(WriteLacResponse(req.request_id, Status.OK if ok else Status.IO_ERROR,
+                                          req.ledger_id))
+
+        fut.add_done_callback(done)
+
+    def _long_poll_lac(self, req: LongPollLacRequest, conn: ServerConnection) -> None:
+        if req.timeout_ms < 0 or req.timeout_ms > LONG_POLL_TIMEOUT_MS_MAX:
+            conn.respond(LongPollLacResponse(req.request_id, Status.BAD_REQUEST, req.ledger_id, -1))
+            return
+        info = self.storage.ledger(req.ledger_id)
+        if info is not None and info.lac > req.previous_lac:
+            conn.respond(LongPollLacResponse(req.request_id, Status.OK, req.ledger_id, info.lac))
+            return
+        if self._lac_waiter_count >= LONG_POLL_WAITERS_MAX:
+            conn.respond(LongPollLacResponse(req.request_id, Status.TOO_MANY_REQUESTS,
+                                             req.ledger_id, -1))
+            return
+        waiter = _LacWaiter(req, conn)
+        self._lac_waiters.setdefault(req.ledger_id, []).append(waiter)
+        self._lac_waiter_count += 1
+        waiter.handle = self._loop.call_later(req.timeout_ms / 1000, self._lac_timeout, waiter)
+
+    def _lac_timeout(self, waiter: _LacWaiter) -> None:
+        waiters = self._lac_waiters.get(waiter.request.ledger_id)
+        if waiters is None or waiter not in waiters:
+            return
+        waiters.remove(waiter)
+        if not waiters:
+            del self._lac_waiters[waiter.request.ledger_id]
+        self._lac_waiter_count -= 1
+        self._answer_lac_waiter(waiter)
+
+    def _answer_lac_waiter(self, waiter: _LacWaiter) -> None:
+        req = waiter.request
+        info = self.storage.ledger(req.ledger_id)
+        if info is None:
+            waiter.conn.respond(LongPollLacResponse(req.request_id, Status.NO_LEDGER,
+                                                    req.ledger_id, -1))
+        else:
+            waiter.conn.respond(LongPollLacResponse(req.request_id, Status.OK, req.ledger_id,
+                                                    info.lac))
+
+    def _notify_lac(self, ledger_id: int) -> None:
+        waiters = self._lac_waiters.pop(ledger_id, None)
+        if not waiters:
+            return
+        info = self.storage.ledger(ledger_id)
+        lac = info.lac if info is not None else -1
+        keep: list[_LacWaiter] = []
+        for w in waiters:
+            if lac > w.request.previous_lac:
+                if w.handle is not None:
+                    w.handle.cancel()
+                self._lac_waiter_count -= 1
+                self._answer_lac_waiter(w)
+            else:
+                keep.append(w)
+        if keep:
+            self._lac_waiters[ledger_id] = keep
+
+    # ------------------------------------------------------------------ info
+
+    def _info(self, req: BookieInfoRequest, conn: ServerConnection) -> None:
+        free, total = self.storage.disk_usage()
+        conn.respond(BookieInfoResponse(req.request_id, Status.OK, self.bookie_id,
+                                        self.state.value, free, total, __version__))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task: asyncio.Task[None] = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.log.error("request task failed", error=repr(task.exception()))
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until every accepted add has been answered; False on timeout."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._drained.wait()
+                while self._tasks:
+                    await asyncio.wait(set(self._tasks))
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        for waiters in self._lac_waiters.values():
+            for w in waiters:
+                if w.handle is not None:
+                    w.handle.cancel()
+        self._lac_waiters.clear()
+        self._lac_waiter_count = 0
+        tasks = list(self._tasks)
+        if self._space_task is not None:
+            tasks.append(self._space_task)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def statistics(self) -> dict[str, Any]:
+        return {**self.counters, "state": self.state.value,
+                "inflight_adds": self._inflight_adds, "lac_waiters": self._lac_waiter_count}
+
+
+def storage_queue_bound(storage: LedgerStorage) -> int:
+    cfg = getattr(storage, "config", None)
+    return int(getattr(cfg, "journal_queue_entries_max", 20_000))
+
+
+__all__ = ["BookieState", "RequestProcessor", "Response"]

@@ -1,0 +1,158 @@
+"""A bookie server: storage + request processor + listener + registration.
+
+Start order: connect to the metadata store, check (or create) the cookie,
+open storage (replaying the journal), listen, register under a lease.  Only
+then does the bookie take adds.
+
+Stop order (graceful): refuse new adds and stop accepting connections, wait
+for the adds already accepted to be fsynced and answered, close storage
+(flush, fsync, checkpoint), revoke the lease, close connections, cancel
+whatever is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from ..config import BookieConfig
+from ..errors import ConfigError
+from ..log import get_logger
+from ..meta.api import MetadataStore
+from ..meta.uri import open_metadata_store
+from ..net.server import BookieListener
+from .cookie import check_or_format
+from .processor import BookieState, RequestProcessor
+from .registration import Registration
+from .storage import LedgerStorage
+
+
+class BookieServer:
+    def __init__(self, config: BookieConfig) -> None:
+        if not config.metadata_uri:
+            raise ConfigError("a bookie needs --metadata-uri (e.g. etcd://127.0.0.1:2379/asyncbk)")
+        if not config.journal_dir or not config.ledger_dir:
+            raise ConfigError("a bookie needs --journal-dir and --ledger-dir")
+        if config.port == 0:
+            raise ConfigError("a bookie needs a fixed --port: its id is host:port")
+        self.config = config
+        host = config.advertised_host or config.host
+        self.bookie_id = f"{host}:{config.port}"
+        self.log = get_logger(bookie_id=self.bookie_id)
+        self.meta: MetadataStore | None = None
+        self.storage: LedgerStorage | None = None
+        self.processor: RequestProcessor | None = None
+        self.listener: BookieListener | None = None
+        self.registration: Registration | None = None
+        self._stopped = asyncio.Event()
+        self._stopping = False
+
+    async def start(self) -> None:
+        cfg = self.config
+        try:
+            self.meta = await open_metadata_store(cfg.metadata_uri, timeout_s=cfg.metadata_timeout_s)
+            await check_or_format(self.meta, self.bookie_id, Path(cfg.journal_dir),
+                                  Path(cfg.ledger_dir))
+            self.storage = await LedgerStorage.open(Path(cfg.journal_dir), Path(cfg.ledger_dir),
+                                                    cfg, log=self.log)
+            self.processor = RequestProcessor(self.storage, self.bookie_id, log=self.log)
+            self.listener = BookieListener(
+                self.processor,
+                frame_bytes_max=cfg.frame_bytes_max,
+                write_buffer_bytes_high=cfg.connection_write_buffer_bytes_high,
+                connections_max=cfg.connections_max,
+                log=self.log,
+            )
+            await self.listener.start(cfg.host, cfg.port)
+            self.registration = Registration(
+                self.meta, self.bookie_id, cfg.lease_ttl_s,
+                info={"version": __version__},
+                on_change=self._on_registration_change,
+                retry_s_max=cfg.register_retry_s_max,
+                log=self.log,
+            )
+            await self.registration.start()
+        except BaseException:
+            await self._close_parts()
+            raise
+        self.log.info("bookie started", journal_dir=cfg.journal_dir, ledger_dir=cfg.ledger_dir)
+
+    def _on_registration_change(self, registered: bool) -> None:
+        if self.processor is None or self._stopping:
+            return
+        if registered:
+            self.processor.state = (BookieState.READ_ONLY if self.registration
+                                    and self.registration.readonly else BookieState.WRITABLE)
+        else:
+            self.processor.state = BookieState.UNREGISTERED
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        """Graceful stop (idempotent)."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        self.log.info("bookie stopping")
+        try:
+            if self.processor is not None:
+                self.processor.state = BookieState.DRAINING
+            if self.listener is not None:
+                await self.listener.stop_accepting()
+            if self.processor is not None:
+                drained = await self.processor.drain(self.config.drain_timeout_s)
+                if not drained:
+                    self.log.warning("drain timed out; unanswered adds will be retried by clients")
+        finally:
+            await self._close_parts()
+            self._stopped.set()
+            self.log.info("bookie stopped")
+
+    async def _close_parts(self) -> None:
+        if self.storage is not None:
+            await self.storage.close()
+        if self.registration is not None:
+            await self.registration.close()
+        if self.listener is not None:
+            await self.listener.close()
+        if self.processor is not None:
+            await self.processor.close()
+        if self.meta is not None:
+            await self.meta.close()
+
+    def statistics(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"bookie_id": self.bookie_id}
+        if self.processor is not None:
+            out["processor"] = self.processor.statistics()
+        if self.storage is not None:
+            out["storage"] = self.storage.statistics()
+        return out
+
+
+async def run_bookie(config: BookieConfig, ready_line: bool = True) -> None:
+    """Run a bookie until SIGTERM / SIGINT, then stop it gracefully."""
+    server = BookieServer(config)
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_requested.set)
+    try:
+        await server.start()
+    except BaseException:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        raise
+    try:
+        if ready_line:
+            # Machine-readable line that harnesses wait for.
+            print(f"ready {server.bookie_id}", flush=True)  # noqa: T201
+        await stop_requested.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await server.stop()

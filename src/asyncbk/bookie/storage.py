@@ -1,0 +1,928 @@
+"""Ledger storage: journal + entry logs + index + checkpoints.
+
+This is what the request processor calls.  The design follows Apache
+BookKeeper's bookie: every mutation is first appended to the group-committed
+journal (:mod:`.journal`) and acknowledged after the fsync that covers it;
+the same records are then stored where reads can find them without scanning
+the journal; periodic checkpoints make the older journal files redundant.
+
+On disk
+-------
+``journal_dir/<seq:016x>.jnl``
+    The journal (format in :mod:`.journal_format`).
+``ledger_dir/entrylog/<id:08x>.log``
+    Entry logs: the journal's ADD records, copied verbatim (length, xxh3
+    checksum, type, ledger id, entry id, body), so every read is verified by
+    the same checksum.  Appended by the journal's writer thread in the same
+    batch as the journal write, *not* fsynced per batch (the journal already
+    made the batch durable); a new log starts past ``entry_log_bytes_max``
+    (the old one is fsynced and closed then).
+``ledger_dir/index.log``
+    Append-only, fixed 32-byte records ``<qqIQI``: ledger id, entry id, entry
+    log id, record offset, record length; written in the same batch.  Loaded
+    into memory at start.  No checksum: only the prefix recorded in the
+    checkpoint (which was fsynced before the checkpoint was written) is ever
+    trusted; anything after it is cut and rebuilt from the journal.
+``ledger_dir/checkpoint``
+    8-byte xxh3_64 of the rest, then a msgpack map: the *mark* (journal seq
+    and offset after the last batch covered, entry log id and length, index
+    length) and every ledger's state (master key, fenced, LAC, explicit LAC).
+    Replaced atomically (tmp file, fsync, rename, fsync dir).
+
+Checkpoint (every ``checkpoint_interval_s`` and on close) runs on the
+journal's writer thread, so it is ordered after every batch written so far:
+fsync the current entry log and index.log, snapshot the ledger state that
+those batches produced (the writer thread keeps its own copy of keys, fence
+flags and explicit LACs, updated per batch, so the snapshot is exactly the
+state of the journal prefix it covers), write the checkpoint, then delete the
+journal files wholly before the mark.
+
+Recovery (:meth:`LedgerStorage.open`): read the checkpoint; truncate
+index.log and the current entry log to the marked lengths and delete newer
+entry logs (anything after the mark may be torn and is rebuilt); load
+index.log and the ledger state; replay the journal from the mark (ADD
+records re-appended to the entry log and index, keys / fences / explicit
+LACs re-applied) up to the first bad record, cutting the torn tail (file
+truncated, later journal files removed); start the journal on a fresh file
+and take a checkpoint.  Every step is idempotent, so a crash during recovery
+is recovered by the next start.
+
+What survives a crash: every acknowledged add, fence and explicit LAC, and
+possibly some unacknowledged ones (a prefix of the journal).  The
+piggybacked LAC (:meth:`LedgerStorage.update_lac`) is persisted only at
+checkpoints: after a crash it may be older, which only delays readers.
+
+Limits (deliberate, for now): the index is an in-memory dict per ledger, so
+memory is O(entries stored) (~100 bytes each) and start-up reads all of
+index.log; entry logs and index.log are never compacted or garbage-collected
+(no ledger deletion yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import xxhash
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import BookieConfig
+from ..errors import BadRequestError, BookieIOError, NoSuchEntryError, NoSuchLedgerError
+from ..log import get_logger
+from ..types import LAST_ENTRY_ID
+from . import journal as _journal
+from .journal import Journal, fsync_dir, list_journal_files, write_all
+from .journal_format import (
+    TYPE_ADD,
+    TYPE_EXPLICIT_LAC,
+    TYPE_FENCE,
+    TYPE_LEDGER_KEY,
+    AddRecord,
+    ExplicitLacRecord,
+    FenceRecord,
+    LedgerKeyRecord,
+    Record,
+    decode_one,
+    encode_add,
+    encode_explicit_lac,
+    encode_fence,
+    encode_ledger_key,
+    record_size_at,
+    scan_records,
+)
+
+ENTRYLOG_DIR = "entrylog"
+INDEX_FILE = "index.log"
+CHECKPOINT_FILE = "checkpoint"
+CHECKPOINT_VERSION = 1
+READ_THREADS = 4
+"""Threads serving ``os.pread`` for reads (and start-up recovery)."""
+REPLAY_CHUNK_BYTES = 8 * 1024 * 1024
+DISK_USAGE_REFRESH_S = 1.0
+
+INDEX_RECORD = struct.Struct("<qqIQI")  # ledger id, entry id, log id, record offset, record length
+_CHECKSUM = struct.Struct("<Q")
+
+Location = tuple[int, int, int]
+"""Where an entry's record is: (entry log id, record offset, record length)."""
+
+
+@dataclass(slots=True)
+class LedgerInfo:
+    """A ledger's state on this bookie (live view: do not mutate)."""
+
+    master_key: bytes
+    fenced: bool = False
+    lac: int = -1
+    """Highest LAC seen (piggybacked on adds or explicit)."""
+    last_entry_id: int = -1
+    """Highest entry id stored (and readable)."""
+    explicit_lac: int = -1
+    """Highest LAC written with :meth:`LedgerStorage.write_explicit_lac`."""
+
+
+@dataclass(slots=True)
+class _DurableLedger:
+    """A ledger's journaled state, as of the last batch written (writer thread only)."""
+
+    master_key: bytes
+    fenced: bool = False
+    explicit_lac: int = -1
+    lac: int = -1  # merged in from the loop at checkpoints
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointMark:
+    journal_seq: int = 0
+    journal_offset: int = 0
+    entry_log_id: int = 0
+    entry_log_length: int = 0
+    index_length: int = 0
+
+
+def entry_log_name(log_id: int) -> str:
+    return f"{log_id:08x}.log"
+
+
+def _parse_entry_log_name(name: str) -> int | None:
+    if len(name) != 12 or not name.endswith(".log"):
+        return None
+    try:
+        return int(name[:8], 16)
+    except ValueError:
+        return None
+
+
+def _apply_op(durable: dict[int, _DurableLedger], kind: int, ledger_id: int, value: Any) -> None:
+    """Apply a non-ADD journal operation to the durable ledger state."""
+    if kind == TYPE_LEDGER_KEY:
+        if ledger_id not in durable:
+            durable[ledger_id] = _DurableLedger(bytes(value))
+        return
+    d = durable.get(ledger_id)
+    if d is None:  # cannot happen (LEDGER_KEY is journaled first); keep the op anyway
+        d = durable[ledger_id] = _DurableLedger(b"")
+    if kind == TYPE_FENCE:
+        d.fenced = True
+    elif kind == TYPE_EXPLICIT_LAC and value > d.explicit_lac:
+        d.explicit_lac = value
+
+
+# --- checkpoint file ----------------------------------------------------------
+
+
+def read_checkpoint(ledger_dir: Path) -> dict[str, Any] | None:
+    """The checkpoint payload, None if there is none; BookieIOError if corrupt."""
+    path = Path(ledger_dir) / CHECKPOINT_FILE
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(blob) < _CHECKSUM.size:
+        raise BookieIOError(f"{path}: truncated checkpoint")
+    (checksum,) = _CHECKSUM.unpack_from(blob)
+    data = blob[_CHECKSUM.size:]
+    if xxhash.xxh3_64_intdigest(data) != checksum:
+        raise BookieIOError(f"{path}: checkpoint checksum mismatch")
+    payload = msgpack.unpackb(data, raw=False)
+    if not isinstance(payload, dict) or payload.get("version") != CHECKPOINT_VERSION:
+        raise BookieIOError(f"{path}: unsupported checkpoint")
+    return payload
+
+
+def _write_checkpoint(ledger_dir: Path, payload: dict[str, Any]) -> None:
+    data = msgpack.packb(payload, use_bin_type=True)
+    blob = _CHECKSUM.pack(xxhash.xxh3_64_intdigest(data)) + data
+    tmp = ledger_dir / (CHECKPOINT_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, blob)
+        _journal.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, ledger_dir / CHECKPOINT_FILE)
+    fsync_dir(ledger_dir)
+
+
+# --- entry logs -----------------------------------------------------------------
+
+
+class _EntryLogWriter:
+    """Appends ADD records to entry logs and index.log.  Used by one thread at a
+    time: the recovery thread during open, then the journal's writer thread."""
+
+    def __init__(self, directory: Path, bytes_max: int, log_id: int, fd: int, length: int,
+                 index_fd: int, index_length: int) -> None:
+        self.directory = directory
+        self.bytes_max = bytes_max
+        self.log_id = log_id
+        self.length = length
+        self.index_length = index_length
+        self._fd = fd
+        self._index_fd = index_fd
+
+    def append(self, records: Sequence[bytes | memoryview],
+               items: Sequence[tuple[int, int, Any]]) -> list[tuple[int, int, Location]]:
+        """Append ADD records (items are ``(kind, ledger_id, entry_id)``); returns
+        ``(ledger_id, entry_id, location)`` for each, in order."""
+        out: list[tuple[int, int, Location]] = []
+        pieces: list[bytes | memoryview] = []
+        index: list[bytes] = []
+        pack = INDEX_RECORD.pack
+        off = self.length
+        log_id = self.log_id
+        for record, item in zip(records, items, strict=True):
+            n = len(record)
+            if off > 0 and off + n > self.bytes_max:
+                self._write(pieces, index, off)
+                pieces, index = [], []
+                self._rotate()
+                off = 0
+                log_id = self.log_id
+            ledger_id = item[1]
+            entry_id = item[2]
+            pieces.append(record)
+            index.append(pack(ledger_id, entry_id, log_id, off, n))
+            out.append((ledger_id, entry_id, (log_id, off, n)))
+            off += n
+        self._write(pieces, index, off)
+        return out
+
+    def _write(self, pieces: list[bytes | memoryview], index: list[bytes], end: int) -> None:
+        if not pieces:
+            return
+        write_all(self._fd, pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        self.length = end
+        write_all(self._index_fd, b"".join(index))
+        self.index_length += INDEX_RECORD.size * len(index)
+
+    def _rotate(self) -> None:
+        # A checkpoint mark names only the current log, so a finished log must be durable now.
+        _journal.fdatasync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        new_id = self.log_id + 1
+        path = self.directory / entry_log_name(new_id)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fsync_dir(self.directory)
+        self.log_id, self.length = new_id, 0
+
+    def sync(self) -> None:
+        _journal.fdatasync(self._fd)
+        _journal.fdatasync(self._index_fd)
+
+    def close(self) -> None:
+        for name in ("_fd", "_index_fd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                setattr(self, name, -1)
+                os.close(fd)
+
+
+class _EntryLogReader:
+    """``os.pread`` of entry records on the read pool; one read-only fd per log, kept open."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _fd(self, log_id: int) -> int:
+        with self._lock:
+            if self._closed:
+                raise BookieIOError("storage is closed")
+            fd = self._fds.get(log_id)
+            if fd is None:
+                fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
+                self._fds[log_id] = fd
+            return fd
+
+    def read(self, loc: Location, ledger_id: int, entry_id: int) -> bytes:
+        log_id, offset, length = loc
+        try:
+            data = os.pread(self._fd(log_id), length, offset)
+        except OSError as exc:
+            raise BookieIOError(f"reading entry {ledger_id}/{entry_id}: {exc}") from exc
+        got = decode_one(data)
+        if got is None or len(data) != length:
+            raise BookieIOError(
+                f"entry {ledger_id}/{entry_id} is corrupt in entry log {log_id} at {offset}"
+            )
+        record = got[0]
+        if (not isinstance(record, AddRecord) or record.ledger_id != ledger_id
+                or record.entry_id != entry_id):
+            raise BookieIOError(f"index points entry {ledger_id}/{entry_id} at another record")
+        return record.body
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+
+# --- recovery -------------------------------------------------------------------
+
+
+@dataclass
+class _Recovered:
+    writer: _EntryLogWriter
+    durable: dict[int, _DurableLedger]
+    ledgers: dict[int, LedgerInfo]
+    index: dict[int, dict[int, Location]]
+    next_seq: int
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _open_at_length(path: Path, length: int, what: str) -> int:
+    """Open ``path`` for appending at ``length``, cutting anything after it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size < length:
+            raise BookieIOError(f"{what} {path} has {size} bytes but the checkpoint covers {length}")
+        if size > length:
+            os.ftruncate(fd, length)
+            _journal.fdatasync(fd)
+        os.lseek(fd, length, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _replay_file(path: Path, start: int, writer: _EntryLogWriter,
+                 durable: dict[int, _DurableLedger], index: dict[int, dict[int, Location]],
+                 stats: dict[str, Any]) -> tuple[int, int]:
+    """Replay one journal file from ``start``; returns (good end offset, file size)."""
+    with path.open("rb", buffering=0) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < start:
+            raise BookieIOError(f"journal {path} has {size} bytes but the checkpoint covers {start}")
+        fh.seek(start)
+        base = start  # file offset of buf[0]
+        buf = b""
+        eof = False
+        while True:
+            if not eof:
+                want = record_size_at(buf, 0) or 0
+                data = fh.read(max(REPLAY_CHUNK_BYTES, want - len(buf)))
+                if data:
+                    buf = buf + data if buf else data
+                else:
+                    eof = True
+            pairs, good = scan_records(buf)
+            if pairs:
+                view = memoryview(buf)
+                raws: list[memoryview] = []
+                items: list[tuple[int, int, Any]] = []
+                for i, (off, record) in enumerate(pairs):
+                    if isinstance(record, AddRecord):
+                        end = pairs[i + 1][0] if i + 1 < len(pairs) else good
+                        raws.append(view[off:end])
+                        items.append((TYPE_ADD, record.ledger_id, record.entry_id))
+                    else:
+                        _apply_replayed(durable, record)
+                for ledger_id, entry_id, loc in writer.append(raws, items):
+                    index.setdefault(ledger_id, {})[entry_id] = loc
+                stats["records_replayed"] += len(pairs)
+                stats["adds_replayed"] += len(items)
+                del raws, view
+                buf = buf[good:]
+                base += good
+            if eof:
+                return base, size
+            if buf:
+                need = record_size_at(buf, 0)
+                if need is None or need <= len(buf):
+                    return base, size  # a whole record is there and it is bad: garbage
+            # else: an incomplete record (or nothing) so far; read on
+
+
+def _apply_replayed(durable: dict[int, _DurableLedger], record: Record) -> None:
+    if isinstance(record, LedgerKeyRecord):
+        _apply_op(durable, TYPE_LEDGER_KEY, record.ledger_id, record.master_key)
+    elif isinstance(record, FenceRecord):
+        _apply_op(durable, TYPE_FENCE, record.ledger_id, None)
+    elif isinstance(record, ExplicitLacRecord):
+        _apply_op(durable, TYPE_EXPLICIT_LAC, record.ledger_id, record.lac)
+
+
+def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any) -> _Recovered:
+    """Everything :meth:`LedgerStorage.open` does before the journal starts (a thread)."""
+    t0 = time.perf_counter()
+    entrylog_dir = ledger_dir / ENTRYLOG_DIR
+    for directory in (journal_dir, ledger_dir, entrylog_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    (ledger_dir / (CHECKPOINT_FILE + ".tmp")).unlink(missing_ok=True)
+
+    payload = read_checkpoint(ledger_dir)
+    durable: dict[int, _DurableLedger] = {}
+    if payload is None:
+        mark = CheckpointMark()
+    else:
+        mark = CheckpointMark(
+            journal_seq=payload["journal_seq"], journal_offset=payload["journal_offset"],
+            entry_log_id=payload["entry_log_id"], entry_log_length=payload["entry_log_length"],
+            index_length=payload["index_length"],
+        )
+        for ledger_id, master_key, fenced, lac, explicit_lac in payload["ledgers"]:
+            durable[ledger_id] = _DurableLedger(master_key, fenced, explicit_lac, lac)
+
+    # Entry logs and index: keep exactly what the checkpoint covers.
+    for entry in os.scandir(entrylog_dir):
+        log_id = _parse_entry_log_name(entry.name)
+        if log_id is not None and log_id > mark.entry_log_id:
+            os.unlink(entry.path)
+    log_fd = _open_at_length(entrylog_dir / entry_log_name(mark.entry_log_id),
+                             mark.entry_log_length, "entry log")
+    try:
+        index_fd = _open_at_length(ledger_dir / INDEX_FILE, mark.index_length, "index")
+    except BaseException:
+        os.close(log_fd)
+        raise
+    writer = _EntryLogWriter(entrylog_dir, config.entry_log_bytes_max, mark.entry_log_id,
+                             log_fd, mark.entry_log_length, index_fd, mark.index_length)
+    try:
+        fsync_dir(entrylog_dir)
+        fsync_dir(ledger_dir)
+        if mark.index_length % INDEX_RECORD.size:
+            raise BookieIOError(f"index length {mark.index_length} is not a whole number of records")
+        index: dict[int, dict[int, Location]] = {}
+        data = os.pread(index_fd, mark.index_length, 0) if mark.index_length else b""
+        if len(data) != mark.index_length:
+            raise BookieIOError("short read of the index")
+        for ledger_id, entry_id, log_id, offset, length in INDEX_RECORD.iter_unpack(data):
+            entries = index.get(ledger_id)
+            if entries is None:
+                entries = index[ledger_id] = {}
+            entries[entry_id] = (log_id, offset, length)
+        del data
+        indexed = sum(len(e) for e in index.values())
+
+        # Journal: replay from the mark, cut at the first bad record.
+        stats: dict[str, Any] = {"records_replayed": 0, "adds_replayed": 0, "bytes_cut": 0,
+                                 "journal_files_removed": 0, "journal_files_replayed": 0,
+                                 "entries_indexed": indexed}
+        files = list_journal_files(journal_dir)
+        removed_any = False
+        for seq, path in files:
+            if seq < mark.journal_seq:
+                path.unlink()
+                removed_any = True
+        files = [(seq, path) for seq, path in files if seq >= mark.journal_seq]
+        if mark.journal_offset > 0 and (not files or files[0][0] != mark.journal_seq):
+            raise BookieIOError(f"journal file {mark.journal_seq:016x} named by the checkpoint is missing")
+        next_seq = max([mark.journal_seq] + [seq for seq, _ in files]) + 1
+        cut = False
+        prev_seq: int | None = None
+        for seq, path in files:
+            if not cut and prev_seq is not None and seq != prev_seq + 1:
+                log.error("journal file missing: cutting the journal there",
+                          missing_seq=prev_seq + 1, next_file=path.name)
+                cut = True
+            if cut:
+                stats["bytes_cut"] += path.stat().st_size
+                path.unlink()
+                stats["journal_files_removed"] += 1
+                removed_any = True
+                continue
+            start = mark.journal_offset if seq == mark.journal_seq else 0
+            good, size = _replay_file(path, start, writer, durable, index, stats)
+            stats["journal_files_replayed"] += 1
+            prev_seq = seq
+            if good < size:
+                cut = True
+                stats["bytes_cut"] += size - good
+                with path.open("r+b", buffering=0) as fh:
+                    os.ftruncate(fh.fileno(), good)
+                    _journal.fdatasync(fh.fileno())
+                log.warning("journal torn tail cut", file=path.name, offset=good,
+                            bytes_cut=size - good)
+        if stats["journal_files_removed"]:
+            log.error("journal files after a torn record removed",
+                      files=stats["journal_files_removed"])
+        if removed_any:
+            fsync_dir(journal_dir)
+
+        ledgers: dict[int, LedgerInfo] = {}
+        for ledger_id in index:
+            if ledger_id not in durable:
+                log.warning("entries of a ledger with no stored key", ledger_id=ledger_id)
+                durable[ledger_id] = _DurableLedger(b"")
+        for ledger_id, d in durable.items():
+            entries = index.setdefault(ledger_id, {})
+            ledgers[ledger_id] = LedgerInfo(
+                master_key=d.master_key, fenced=d.fenced, lac=max(d.lac, d.explicit_lac),
+                last_entry_id=max(entries) if entries else -1, explicit_lac=d.explicit_lac,
+            )
+    except BaseException:
+        writer.close()
+        raise
+    stats["recovery_s"] = time.perf_counter() - t0
+    return _Recovered(writer, durable, ledgers, index, next_seq, stats)
+
+
+def _statvfs(path: Path) -> tuple[int, int]:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+# --- the storage ------------------------------------------------------------------
+
+
+class LedgerStorage:
+    """Durable entry storage of one bookie.  Create with :meth:`open`.
+
+    Loop-side state (``_ledgers``, ``_index``) is touched only on the event
+    loop; the entry log writer and the durable ledger state only on the
+    journal's writer thread; reads use a small pool of threads doing
+    ``os.pread``.
+    """
+
+    def __init__(self, journal_dir: Path, ledger_dir: Path, config: BookieConfig,
+                 recovered: _Recovered, read_pool: ThreadPoolExecutor, log: Any,
+                 clock: Clock) -> None:
+        self._journal_dir = journal_dir
+        self._ledger_dir = ledger_dir
+        self._config = config
+        self._log = log
+        self._clock = clock
+        self._read_pool = read_pool
+        self._writer = recovered.writer
+        self._durable = recovered.durable
+        self._ledgers = recovered.ledgers
+        self._index = recovered.index
+        self._reader = _EntryLogReader(ledger_dir / ENTRYLOG_DIR)
+        self._recovery_stats = recovered.stats
+        self._journal = Journal(journal_dir, config, first_seq=recovered.next_seq, sink=self,
+                                log=log.bind(component="journal"))
+        self._closed = False
+        self._close_task: asyncio.Task[None] | None = None
+        self._housekeeping_task: asyncio.Task[None] | None = None
+        self._checkpoint_lock = asyncio.Lock()
+        self._disk_usage = (0, 0)
+        # writer-thread only: what the last checkpoint written covered
+        self._last_checkpoint_key: tuple[Any, ...] | None = None
+        # statistics
+        self._adds = 0
+        self._reads = 0
+        self._fences = 0
+        self._checkpoints = 0
+        self._checkpoints_skipped = 0
+        self._checkpoint_s_last = 0.0
+        self._checkpoint_s_max = 0.0
+        self._journal_files_deleted = 0
+
+    @classmethod
+    async def open(cls, journal_dir: Path, ledger_dir: Path, config: BookieConfig, *,
+                   log: Any = None, clock: Clock | None = None) -> LedgerStorage:
+        """Create sub-dirs if needed, load the last checkpoint, replay the journal
+        after it (cutting a torn/garbage tail), then start the journal writer.
+        Blocking file work runs off the loop."""
+        journal_dir, ledger_dir = Path(journal_dir), Path(ledger_dir)
+        log = log if log is not None else get_logger(component="storage")
+        loop = asyncio.get_running_loop()
+        read_pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="asyncbk-read")
+        try:
+            recovered = await loop.run_in_executor(
+                read_pool, _recover, journal_dir, ledger_dir, config, log)
+        except BaseException:
+            # On cancellation the recovery thread may still be running: do not wait for it.
+            read_pool.shutdown(wait=False)
+            raise
+        self = cls(journal_dir, ledger_dir, config, recovered, read_pool, log,
+                   clock if clock is not None else SYSTEM_CLOCK)
+        try:
+            await self._journal.start()
+            await self.checkpoint()
+            self._disk_usage = await loop.run_in_executor(read_pool, _statvfs, ledger_dir)
+        except BaseException:
+            await self.abort()
+            raise
+        self._housekeeping_task = loop.create_task(self._housekeeping(),
+                                                   name="asyncbk-storage-housekeeping")
+        log.info("storage opened", ledgers=len(self._ledgers), **recovered.stats)
+        return self
+
+    # --- queries ------------------------------------------------------------
+
+    def ledger(self, ledger_id: int) -> LedgerInfo | None:
+        return self._ledgers.get(ledger_id)
+
+    def ledger_ids(self) -> list[int]:
+        return list(self._ledgers)
+
+    @property
+    def config(self) -> BookieConfig:
+        return self._config
+
+    @property
+    def journal_queue_entries(self) -> int:
+        """Journal records queued or being written (bounded by journal_queue_entries_max)."""
+        return self._journal.queue_entries
+
+    async def wait_for_queue_space(self) -> None:
+        """Resolve once the journal queue is below ~75 % of its bound (backpressure)."""
+        await self._journal.wait_for_space()
+
+    def disk_usage(self) -> tuple[int, int]:
+        """(free_bytes, total_bytes) of the ledger dir's filesystem, refreshed every second."""
+        return self._disk_usage
+
+    # --- mutations ----------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BookieIOError("storage is closed")
+
+    def _register(self, ledger_id: int, master_key: bytes) -> LedgerInfo:
+        """A new ledger: in memory at once, its key journaled (no future: the
+        record that follows it covers it, the journal being FIFO)."""
+        key = bytes(master_key)
+        info = LedgerInfo(master_key=key)
+        self._ledgers[ledger_id] = info
+        self._index[ledger_id] = {}
+        self._journal.append_unacked(encode_ledger_key(ledger_id, key),
+                                     (TYPE_LEDGER_KEY, ledger_id, key))
+        return info
+
+    def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes,
+                  body: bytes) -> asyncio.Future[None]:
+        """Not a coroutine.  Registers the ledger (with ``master_key``) if new and
+        queues a journal record; the future resolves once the record is fsynced
+        AND the entry is readable via :meth:`read_entry`.
+
+        The master key of a known ledger is not checked here (the processor
+        does that).  Re-adding an existing entry overwrites it.  Raises
+        TooManyRequestsError if the journal queue is full, BookieIOError if
+        the journal failed or the storage is closed.
+        """
+        self._check_open()
+        if ledger_id < 0 or entry_id < 0:
+            raise BadRequestError(f"bad entry id {ledger_id}/{entry_id}")
+        record = encode_add(ledger_id, entry_id, body)
+        journal = self._journal
+        if ledger_id not in self._ledgers:
+            journal.ensure_room(2)
+            self._register(ledger_id, master_key)
+        fut = journal.append(record, (TYPE_ADD, ledger_id, entry_id))
+        self._adds += 1
+        return fut
+
+    def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[None]:
+        """Set fenced=True at once in memory (so later adds see it) and journal
+        a FENCE record; resolves after its fsync.  The journal being FIFO,
+        every add queued before the fence is durable and readable by then.
+        An unknown ledger is registered with ``master_key`` first."""
+        self._check_open()
+        if ledger_id < 0:
+            raise BadRequestError(f"bad ledger id {ledger_id}")
+        journal = self._journal
+        info = self._ledgers.get(ledger_id)
+        if info is None:
+            journal.ensure_room(2)
+            info = self._register(ledger_id, master_key)
+        else:
+            journal.ensure_room(1)
+        info.fenced = True
+        self._fences += 1
+        return journal.append(encode_fence(ledger_id), (TYPE_FENCE, ledger_id, None))
+
+    def update_lac(self, ledger_id: int, lac: int) -> bool:
+        """Raise the in-memory LAC to ``lac``; True if it increased.  Persisted
+        only at checkpoints.  NoSuchLedgerError if the ledger is unknown."""
+        info = self._ledgers.get(ledger_id)
+        if info is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} is not stored here")
+        if lac > info.lac:
+            info.lac = lac
+            return True
+        return False
+
+    def write_explicit_lac(self, ledger_id: int, lac: int) -> asyncio.Future[None]:
+        """Journal an explicit LAC (durable when the future resolves); the
+        in-memory LAC and explicit LAC are raised at once."""
+        self._check_open()
+        info = self._ledgers.get(ledger_id)
+        if info is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} is not stored here")
+        if lac < -1:
+            raise BadRequestError(f"bad lac {lac}")
+        fut = self._journal.append(encode_explicit_lac(ledger_id, lac),
+                                   (TYPE_EXPLICIT_LAC, ledger_id, lac))
+        if lac > info.explicit_lac:
+            info.explicit_lac = lac
+        if lac > info.lac:
+            info.lac = lac
+        return fut
+
+    # --- reads --------------------------------------------------------------
+
+    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        """The body of an entry; ``entry_id`` -1 means the last entry stored.
+
+        NoSuchLedgerError if the ledger is unknown here, NoSuchEntryError if
+        the entry is not stored, BookieIOError if the disk fails or the
+        stored record does not verify.
+        """
+        self._check_open()
+        info = self._ledgers.get(ledger_id)
+        if info is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} is not stored here")
+        if entry_id == LAST_ENTRY_ID:
+            entry_id = info.last_entry_id
+        entries = self._index.get(ledger_id)
+        loc = entries.get(entry_id) if entries is not None else None
+        if loc is None:
+            raise NoSuchEntryError(f"entry {ledger_id}/{entry_id} is not stored here")
+        self._reads += 1
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._read_pool, self._reader.read, loc,
+                                          ledger_id, entry_id)
+
+    # --- journal sink (see journal.BatchSink) ---------------------------------
+
+    def apply_in_writer(self, records: list[bytes], items: list[Any]
+                        ) -> list[tuple[int, int, Location]]:
+        """Writer thread, after the batch's fsync: copy ADD records to the entry
+        log + index, apply the other records to the durable ledger state."""
+        add_records: list[bytes] = []
+        add_items: list[tuple[int, int, Any]] = []
+        durable = self._durable
+        for record, item in zip(records, items, strict=True):
+            if item[0] == TYPE_ADD:
+                add_records.append(record)
+                add_items.append(item)
+            else:
+                _apply_op(durable, item[0], item[1], item[2])
+        if not add_records:
+            return []
+        return self._writer.append(add_records, add_items)
+
+    def apply_on_loop(self, items: list[Any], result: list[tuple[int, int, Location]]) -> None:
+        """Loop, before the batch's futures resolve: make the new entries readable."""
+        index = self._index
+        ledgers = self._ledgers
+        for ledger_id, entry_id, loc in result:
+            entries = index.get(ledger_id)
+            if entries is None:
+                entries = index[ledger_id] = {}
+            entries[entry_id] = loc
+            info = ledgers.get(ledger_id)
+            if info is not None and entry_id > info.last_entry_id:
+                info.last_entry_id = entry_id
+
+    # --- checkpoints ----------------------------------------------------------
+
+    async def checkpoint(self) -> None:
+        """Make everything journaled so far durable outside the journal and delete
+        the journal files that are no longer needed.  BookieIOError if the
+        journal failed (a checkpoint then could skip records that never reached
+        the entry log)."""
+        if self._journal.failed:
+            raise BookieIOError("journal failed: not checkpointing")
+        async with self._checkpoint_lock:
+            lacs = {ledger_id: info.lac for ledger_id, info in self._ledgers.items()
+                    if info.lac >= 0}
+            t0 = time.monotonic()
+            written = await self._journal.run_in_writer(self._checkpoint_in_writer, lacs)
+            elapsed = time.monotonic() - t0
+            if written:
+                self._checkpoints += 1
+                self._checkpoint_s_last = elapsed
+                self._checkpoint_s_max = max(self._checkpoint_s_max, elapsed)
+            else:
+                self._checkpoints_skipped += 1
+
+    def _checkpoint_in_writer(self, lacs: dict[int, int]) -> bool:
+        journal = self._journal
+        if journal.writer_failed:
+            raise BookieIOError("journal failed: not checkpointing")
+        seq, offset = journal.position
+        writer = self._writer
+        key = (seq, offset, writer.log_id, writer.length, writer.index_length, lacs)
+        if key == self._last_checkpoint_key:
+            return False
+        writer.sync()
+        ledgers = []
+        for ledger_id, d in self._durable.items():
+            lac = lacs.get(ledger_id, -1)
+            if lac > d.lac:
+                d.lac = lac
+            ledgers.append([ledger_id, d.master_key, d.fenced, d.lac, d.explicit_lac])
+        _write_checkpoint(self._ledger_dir, {
+            "version": CHECKPOINT_VERSION,
+            "journal_seq": seq,
+            "journal_offset": offset,
+            "entry_log_id": writer.log_id,
+            "entry_log_length": writer.length,
+            "index_length": writer.index_length,
+            "ledgers": ledgers,
+        })
+        self._last_checkpoint_key = key
+        self._journal_files_deleted += journal.delete_files_before(seq)
+        return True
+
+    async def _housekeeping(self) -> None:
+        """Refresh disk usage every second; checkpoint every checkpoint_interval_s."""
+        loop = asyncio.get_running_loop()
+        interval = self._config.checkpoint_interval_s
+        next_checkpoint = self._clock.monotonic_s() + interval
+        while True:
+            await self._clock.sleep(min(DISK_USAGE_REFRESH_S, interval))
+            try:
+                self._disk_usage = await loop.run_in_executor(self._read_pool, _statvfs,
+                                                              self._ledger_dir)
+            except OSError as exc:
+                self._log.warning("statvfs failed", error=repr(exc))
+            now = self._clock.monotonic_s()
+            if now >= next_checkpoint and not self._journal.failed:
+                next_checkpoint = now + interval
+                try:
+                    await self.checkpoint()
+                except Exception as exc:
+                    self._log.error("checkpoint failed", error=repr(exc))
+
+    # --- shutdown -------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop accepting, drain the journal queue (fsync), take a final
+        checkpoint, stop the threads.  Idempotent."""
+        await self._shutdown(graceful=True)
+
+    async def abort(self) -> None:
+        """Stop as if the process had been killed: nothing queued is written,
+        pending futures fail with BookieIOError, no checkpoint.  For tests and
+        fatal errors.  Idempotent (and a no-op after :meth:`close`)."""
+        await self._shutdown(graceful=False)
+
+    async def _shutdown(self, *, graceful: bool) -> None:
+        if self._close_task is None:
+            self._closed = True
+            self._close_task = asyncio.get_running_loop().create_task(
+                self._do_shutdown(graceful), name="asyncbk-storage-close")
+        await asyncio.shield(self._close_task)
+
+    async def _do_shutdown(self, graceful: bool) -> None:
+        task = self._housekeeping_task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        journal = self._journal
+        try:
+            if graceful:
+                await journal.drain()
+                if not journal.failed:
+                    try:
+                        await self.checkpoint()
+                    except Exception as exc:
+                        self._log.error("final checkpoint failed", error=repr(exc))
+            else:
+                await journal.stop_now()
+            try:
+                await journal.run_in_writer(self._writer.close)
+            except BookieIOError:  # the journal never started: no writer thread yet
+                await asyncio.get_running_loop().run_in_executor(self._read_pool,
+                                                                 self._writer.close)
+        finally:
+            await journal.close()
+            # Waits for in-flight reads, so no fd is closed under a pread.
+            await asyncio.to_thread(self._read_pool.shutdown, True)
+            await asyncio.to_thread(self._reader.close)
+            self._log.info("storage closed", graceful=graceful)
+
+    # --- statistics -----------------------------------------------------------
+
+    def statistics(self) -> dict[str, Any]:
+        free, total = self._disk_usage
+        return {
+            "ledgers": len(self._ledgers),
+            "entries": sum(len(e) for e in self._index.values()),
+            "adds": self._adds,
+            "reads": self._reads,
+            "fences": self._fences,
+            "checkpoints": self._checkpoints,
+            "checkpoints_skipped": self._checkpoints_skipped,
+            "checkpoint_s_last": self._checkpoint_s_last,
+            "checkpoint_s_max": self._checkpoint_s_max,
+            "journal_files_deleted": self._journal_files_deleted,
+            "entry_log_id": self._writer.log_id,
+            "entry_log_bytes": self._writer.length,
+            "index_bytes": self._writer.index_length,
+            "disk_free_bytes": free,
+            "disk_total_bytes": total,
+            "recovery": dict(self._recovery_stats),
+            "journal": self._journal.statistics(),
+        }

@@ -1,0 +1,207 @@
+"""The ``asyncbk`` command line.
+
+Every command has ``--help``; bad input exits non-zero with one line on
+stderr (no traceback); Ctrl-C stops cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .._version import __version__
+from ..errors import BKError, ConfigError
+
+EXIT_USAGE = 2
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit code 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 1..65535, got {value}")
+    return value
+
+
+def _add_log_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"], help="log level (default info)")
+    p.add_argument("--log-json", action="store_true", help="log JSON lines instead of text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="asyncbk", description="asyncbk: an asyncio-native replicated log "
+                     "service (bookies, ledgers, metadata in etcd).")
+    parser.add_argument("--version", action="version", version=f"asyncbk {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("standalone", help="run etcd and N bookies on this machine until Ctrl-C",
+                       description="Run a local cluster: an etcd server and N bookie processes "
+                       "on loopback. Prints the metadata URI, runs until Ctrl-C, then stops "
+                       "everything cleanly. Data stays in --data-dir across runs.")
+    p.add_argument("--bookies", type=_positive_int, default=3, help="number of bookies (default 3)")
+    p.add_argument("--data-dir", default="asyncbk-data",
+                   help="where etcd and the bookies keep their data (default ./asyncbk-data)")
+    p.add_argument("--root", default="asyncbk", help="key prefix in etcd (default asyncbk)")
+    _add_log_options(p)
+
+    p = sub.add_parser("bookie", help="run one bookie server",
+                       description="Run one bookie: a storage server that journals, stores and "
+                       "serves ledger entries, registered in etcd under a lease.")
+    p.add_argument("--metadata-uri", help="etcd://host:port[,host:port...]/<root>")
+    p.add_argument("--port", type=_port, help="TCP port to listen on (the bookie id is host:port)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--advertised-host", help="host part of the bookie id, if not --host")
+    p.add_argument("--journal-dir", help="directory of the journal (write-ahead log)")
+    p.add_argument("--ledger-dir", help="directory of entry logs and the index")
+    p.add_argument("--config", help="TOML file of bookie settings (command-line options win)")
+    _add_log_options(p)
+
+    p = sub.add_parser("bench", help="benchmarks", description="Benchmarks.")
+    bsub = p.add_subparsers(dest="workload", metavar="WORKLOAD", parser_class=_Parser)
+    w = bsub.add_parser("write", help="append throughput and latency",
+                        description="Append N entries with K in flight to one ledger; report "
+                        "throughput and latency percentiles. Starts its own local cluster "
+                        "(etcd + bookies as separate processes) unless --metadata-uri is given.")
+    w.add_argument("--entries", type=_positive_int, default=10_000)
+    w.add_argument("--inflight", type=_positive_int, default=256)
+    w.add_argument("--entry-size", type=_positive_int, default=1024, help="bytes per entry")
+    w.add_argument("--ensemble", type=_positive_int, default=3)
+    w.add_argument("--write-quorum", type=_positive_int, default=2)
+    w.add_argument("--ack-quorum", type=_positive_int, default=2)
+    w.add_argument("--digest", default="xxh3", choices=["xxh3", "hmac-sha256", "none"])
+    w.add_argument("--bookies", type=_positive_int, default=3,
+                   help="bookies of the local cluster (without --metadata-uri)")
+    w.add_argument("--warmup", type=int, default=1000, help="entries appended before measuring")
+    w.add_argument("--metadata-uri", help="run against this cluster instead of a local one")
+    w.add_argument("--json", help="write the results as JSON to this file")
+    _add_log_options(w)
+
+    p = sub.add_parser("shell", help="admin commands", description="Admin commands.")
+    ssub = p.add_subparsers(dest="shell_command", metavar="SHELL_COMMAND", parser_class=_Parser)
+    from . import shell
+
+    shell.add_commands(ssub, _add_log_options)
+    return parser
+
+
+def _configure_logging(args: argparse.Namespace, default: str = "info") -> None:
+    from ..log import configure
+
+    configure(getattr(args, "log_level", default), getattr(args, "log_json", False))
+
+
+def _run(coro_fn: Callable[[], Coroutine[Any, Any, int | None]]) -> int:
+    import uvloop
+
+    return uvloop.run(coro_fn()) or 0
+
+
+def cmd_bookie(args: argparse.Namespace) -> int:
+    from ..bookie.server import run_bookie
+    from ..config import BookieConfig, from_mapping, load_toml
+
+    values: dict[str, Any] = load_toml(args.config) if args.config else {}
+    for opt in ("metadata_uri", "port", "host", "advertised_host", "journal_dir", "ledger_dir"):
+        v = getattr(args, opt)
+        if v is not None:
+            values[opt] = v
+    for required, flag in (("metadata_uri", "--metadata-uri"), ("port", "--port"),
+                           ("journal_dir", "--journal-dir"), ("ledger_dir", "--ledger-dir")):
+        if not values.get(required):
+            raise CliError(f"{flag} is required (or set {required} in --config)")
+    config = from_mapping(BookieConfig, values, args.config or "options")
+    _configure_logging(args)
+    return _run(lambda: run_bookie(config))
+
+
+def cmd_standalone(args: argparse.Namespace) -> int:
+    from ..testing.cluster import LocalCluster
+
+    _configure_logging(args, "warning")
+
+    async def run() -> int:
+        import signal
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        data_dir = Path(args.data_dir)
+        print(f"starting etcd and {args.bookies} bookies in {data_dir} ...", flush=True)
+        async with LocalCluster(bookies=args.bookies, data_dir=data_dir, root=args.root) as c:
+            print(f"metadata URI: {c.metadata_uri}")
+            for b in c.bookies:
+                print(f"bookie {b.id}  pid {b.pid}  log {b.log_path}")
+            print("ready; press Ctrl-C to stop", flush=True)
+            await stop.wait()
+            print("stopping ...", flush=True)
+        print("stopped", flush=True)
+        return 0
+
+    return _run(run)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.workload != "write":
+        raise CliError("choose a workload: asyncbk bench write --help")
+    from .bench import run_write_bench
+
+    _configure_logging(args, "warning")
+    return _run(lambda: run_write_bench(args))
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "bookie": cmd_bookie, "standalone": cmd_standalone, "bench": cmd_bench,
+    }
+    prog = f"asyncbk {args.command}" if args.command else "asyncbk"
+    try:
+        if args.command is None:
+            parser.print_help()
+            sys.exit(EXIT_USAGE)
+        if args.command == "shell":
+            from .shell import run_shell
+
+            code = run_shell(args, _run, _configure_logging)
+        else:
+            code = handlers[args.command](args)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+    except (CliError, BKError, ConfigError, ValueError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_ERROR)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The client: ``asyncbk.BookKeeper``."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+
+from ..config import ClientConfig, from_mapping
+from ..errors import BKError, NotEnoughBookiesError, UnauthorizedAccessError
+from ..log import get_logger
+from ..meta.api import BookieRegistration, MetadataStore
+from ..meta.model import DIGESTS, LedgerMetadata, LedgerState, new_metadata
+from ..meta.uri import open_metadata_store
+from ..net.channel import BookieClient
+from ..types import BookieId
+from .ledger import LedgerHandle, ReadHandle
+from .placement import RandomPlacement
+from .recovery import LedgerRecoveryOp
+
+
+class BookieWatcher:
+    """The live view of registered bookies, kept by a watch on the metadata store."""
+
+    def __init__(self, meta: MetadataStore) -> None:
+        self._meta = meta
+        self._view: dict[BookieId, BookieRegistration] | None = None
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        async for view in self._meta.watch_bookies():
+            self._view = view
+            self._ready.set()
+
+    async def writable(self, timeout_s: float) -> list[BookieId]:
+        if self._view is None:
+            # Not yet delivered by the watch: ask directly.
+            async with asyncio.timeout(timeout_s):
+                view = await self._meta.list_bookies()
+        else:
+            view = self._view
+        return sorted(b for b, reg in view.items() if not reg.readonly)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])
+            self._task = None
+
+
+class BookKeeper:
+    """A connected asyncbk client (see API.md).  Use ``await BookKeeper.connect(uri)``."""
+
+    def __init__(self, meta: MetadataStore, config: ClientConfig) -> None:
+        self.meta = meta
+        self.config = config
+        self.bookie_client = BookieClient(
+            frame_bytes_max=config.frame_bytes_max,
+            requests_max=config.connection_requests_max,
+            connect_timeout_s=config.connect_timeout_s,
+            reconnect_backoff_s_max=config.reconnect_backoff_s_max,
+        )
+        self.placement = RandomPlacement()
+        self.bookies = BookieWatcher(meta)
+        self._log = get_logger()
+        self._closed = False
+
+    @classmethod
+    async def connect(cls, metadata_uri: str, **options: Any) -> BookKeeper:
+        """Connect to the cluster whose metadata lives at ``metadata_uri``
+        (``etcd://host:port[,host:port...]/<root>``).  ``options`` are ClientConfig fields."""
+        config = from_mapping(ClientConfig, options, "BookKeeper.connect options")
+        meta = await open_metadata_store(metadata_uri, timeout_s=config.metadata_timeout_s)
+        bk = cls(meta, config)
+        bk.bookies.start()
+        return bk
+
+    async def __aenter__(self) -> BookKeeper:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.bookies.close()
+        await self.bookie_client.close()
+        await self.meta.close()
+
+    # ------------------------------------------------------------------ ledgers
+
+    async def create_ledger(
+        self,
+        ensemble_size: int,
+        write_quorum: int,
+        ack_quorum: int,
+        digest: str = "xxh3",
+        password: bytes = b"",
+        metadata: dict[str, bytes] | None = None,
+    ) -> LedgerHandle:
+        """A new OPEN ledger, writable through the returned handle only."""
+        if not (ensemble_size >= write_quorum >= ack_quorum >= 1):
+            raise ValueError(
+                f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
+                f"{ensemble_size}/{write_quorum}/{ack_quorum}")
+        if digest not in DIGESTS:
+            raise ValueError(f"unknown digest {digest!r}; choose one of {', '.join(DIGESTS)}")
+        if not isinstance(password, bytes):
+            raise TypeError("password must be bytes")
+        custom = dict(metadata or {})
+        for k, v in custom.items():
+            if not isinstance(k, str) or not isinstance(v, bytes):
+                raise TypeError("custom metadata must map str to bytes")
+        writable = await self.bookies.writable(self.config.metadata_timeout_s)
+        if len(writable) < ensemble_size:
+            raise NotEnoughBookiesError(
+                f"need {ensemble_size} writable bookies, {len(writable)} registered"
+                + (f" ({', '.join(writable)})" if writable else "")
+                + "; start more bookies or lower ensemble_size")
+        ensemble = self.placement.new_ensemble(ensemble_size, writable)
+        ledger_id = await self.meta.allocate_ledger_id()
+        md = new_metadata(ledger_id, ensemble, write_quorum, ack_quorum, digest, password, custom,
+                          int(time.time() * 1000))
+        md = await self.meta.create_ledger(md)
+        self._log.info("ledger created", ledger_id=ledger_id, ensemble=list(ensemble),
+                       write_quorum=write_quorum, ack_quorum=ack_quorum)
+        return LedgerHandle(self, md, password)
+
+    async def open_ledger(self, ledger_id: int, password: bytes = b"",
+                          recovery: bool = True) -> ReadHandle:
+        """Open for reading.  ``recovery=True`` fences the ledger, recovers its last
+        entries and closes it; ``recovery=False`` neither fences nor closes (tailing)."""
+        md = await self.meta.read_ledger(ledger_id)
+        if not hmac.compare_digest(md.password, password):
+            raise UnauthorizedAccessError(f"ledger {ledger_id}: wrong password")
+        if recovery and md.state is not LedgerState.CLOSED:
+            md = await LedgerRecoveryOp(self, md, password).run()
+        handle = ReadHandle(self, md, password)
+        if not md.is_closed:
+            try:
+                await handle.read_last_add_confirmed()
+            except BKError as exc:
+                self._log.warning("could not read the LAC at open", ledger_id=ledger_id,
+                                  error=str(exc))
+        return handle
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Remove the ledger's metadata; bookies reclaim its space later."""
+        await self.meta.delete_ledger(ledger_id)
+        self._log.info("ledger deleted", ledger_id=ledger_id)
+
+    async def list_ledgers(self) -> AsyncIterator[int]:
+        async for ledger_id in self.meta.iter_ledger_ids():
+            yield ledger_id
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return await self.meta.read_ledger(ledger_id)

@@ -1,0 +1,288 @@
+"""Client side of a bookie connection.
+
+A :class:`BookieChannel` is the client's one pipelined connection to one
+bookie.  ``send(request, callback)`` is synchronous and cheap: the request is
+encoded into the channel's output buffer and the buffer goes to the socket in
+one ``transport.write`` per loop turn, whatever the number of requests.  The
+response (or the error that replaced it) is handed to ``callback`` exactly
+once.  Many requests are in flight at once, matched to responses by request id.
+
+The channel connects lazily on the first send and reconnects on a later send
+after a loss (with a capped back-off: while backing off, sends fail at once
+with BookieUnavailableError so that quorum logic learns of the failure
+quickly).  When the connection dies, every pending request fails with
+BookieUnavailableError carrying the cause.  Every request has a deadline; a
+sweep fails expired requests with asyncbk's TimeoutError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import itertools
+import socket
+from collections.abc import Callable
+from typing import Any, cast
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import (
+    BKError,
+    BookieUnavailableError,
+    ProtocolError,
+    TimeoutError,
+    TooManyRequestsError,
+)
+from ..log import get_logger
+from ..proto import FrameDecoder, Request, Response, decode_response, encode_request
+from ..types import BookieId, parse_bookie_id
+
+Callback = Callable[[Response | BKError], None]
+
+_SWEEP_INTERVAL_S = 0.05
+
+
+class _Pending:
+    __slots__ = ("callback", "deadline_s")
+
+    def __init__(self, callback: Callback, deadline_s: float) -> None:
+        self.callback = callback
+        self.deadline_s = deadline_s
+
+
+class BookieChannel(asyncio.Protocol):
+    """One pipelined connection to one bookie (see the module docstring)."""
+
+    def __init__(
+        self,
+        bookie_id: BookieId,
+        *,
+        frame_bytes_max: int,
+        requests_max: int,
+        connect_timeout_s: float,
+        reconnect_backoff_s_max: float,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.bookie_id = bookie_id
+        self._host, self._port = parse_bookie_id(bookie_id)
+        self._frame_bytes_max = frame_bytes_max
+        self._requests_max = requests_max
+        self._connect_timeout_s = connect_timeout_s
+        self._backoff_s_max = reconnect_backoff_s_max
+        self._clock = clock
+        self._log = get_logger(bookie_id=bookie_id)
+        self._loop = asyncio.get_running_loop()
+        self._request_ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._unsent: list[bytes] = []
+        self._flush_scheduled = False
+        self._transport: asyncio.Transport | None = None
+        self._decoder = FrameDecoder(frame_bytes_max)
+        self._connect_task: asyncio.Task[None] | None = None
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self._backoff_s = 0.0
+        self._retry_at_s = 0.0
+        self._last_error: BaseException | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------ public API
+
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def next_request_id(self) -> int:
+        return next(self._request_ids)
+
+    def send(self, request: Request, callback: Callback, timeout_s: float) -> None:
+        """Queue ``request``; ``callback`` later gets its response or an error.
+
+        The callback may run synchronously (before ``send`` returns) when the
+        request fails at once (channel closed, backing off, too many in flight).
+        """
+        if self._closed:
+            callback(BookieUnavailableError(f"connection to bookie {self.bookie_id} is closed"))
+            return
+        if len(self._pending) >= self._requests_max:
+            callback(TooManyRequestsError(
+                f"{len(self._pending)} requests already in flight to bookie {self.bookie_id}"))
+            return
+        if self._transport is None and self._connect_task is None:
+            now = self._clock.monotonic_s()
+            if now < self._retry_at_s:
+                callback(BookieUnavailableError(
+                    f"bookie {self.bookie_id} is unreachable ({self._last_error}); "
+                    f"retrying in {self._retry_at_s - now:.2f}s"))
+                return
+            self._connect_task = self._loop.create_task(self._connect())
+        self._pending[request.request_id] = _Pending(
+            callback, self._clock.monotonic_s() + timeout_s)
+        self._unsent.append(encode_request(request))
+        if self._transport is not None and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        if self._sweep_handle is None:
+            self._sweep_handle = self._loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
+
+    def request(self, request: Request, timeout_s: float) -> asyncio.Future[Response]:
+        """``send`` with a future: resolves to the response or raises the error."""
+        fut: asyncio.Future[Response] = self._loop.create_future()
+
+        def done(result: Response | BKError) -> None:
+            if fut.done():
+                return
+            if isinstance(result, BKError):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+
+        self.send(request, done, timeout_s)
+        return fut
+
+    async def close(self) -> None:
+        """Fail everything pending and close the socket."""
+        self._closed = True
+        task = self._connect_task
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+        if self._transport is not None:
+            self._transport.close()
+        self._fail_all(BookieUnavailableError(f"connection to bookie {self.bookie_id} closed"))
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
+
+    # ------------------------------------------------------------ connecting
+
+    async def _connect(self) -> None:
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                await self._loop.create_connection(lambda: self, self._host, self._port)
+        except asyncio.CancelledError:
+            self._connect_task = None
+            raise
+        except (OSError, builtins.TimeoutError) as exc:
+            self._connect_task = None
+            self._last_error = exc
+            self._backoff_s = min(self._backoff_s_max, max(0.05, self._backoff_s * 2))
+            self._retry_at_s = self._clock.monotonic_s() + self._backoff_s
+            self._log.debug("bookie connect failed", error=str(exc), backoff_s=self._backoff_s)
+            self._fail_all(BookieUnavailableError(
+                f"cannot connect to bookie {self.bookie_id}: {exc or type(exc).__name__}"))
+            return
+        self._connect_task = None
+
+    # ------------------------------------------------------------ asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        if self._closed:
+            transport.close()
+            return
+        self._transport = transport
+        self._backoff_s = 0.0
+        self._decoder = FrameDecoder(self._frame_bytes_max)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._unsent:
+            self._flush()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            bodies = self._decoder.feed(data)
+            pending = self._pending
+            for body in bodies:
+                response = decode_response(body)
+                entry = pending.pop(response.request_id, None)
+                if entry is not None:
+                    entry.callback(response)
+        except ProtocolError as exc:
+            self._log.warning("bad frame from bookie, closing connection", reason=str(exc))
+            self._last_error = exc
+            if self._transport is not None:
+                self._transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._unsent.clear()
+        reason = exc or self._last_error or "closed by peer"
+        if not self._closed:
+            self._log.info("connection to bookie lost", reason=str(reason))
+        self._last_error = exc or self._last_error
+        self._fail_all(BookieUnavailableError(
+            f"connection to bookie {self.bookie_id} lost: {reason}"))
+
+    # ------------------------------------------------------------ internals
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._transport is None or not self._unsent:
+            return
+        data = b"".join(self._unsent) if len(self._unsent) > 1 else self._unsent[0]
+        self._unsent.clear()
+        self._transport.write(data)
+
+    def _fail_all(self, error: BKError) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        self._unsent.clear()
+        for entry in pending.values():
+            entry.callback(error)
+
+    def _sweep(self) -> None:
+        self._sweep_handle = None
+        if not self._pending:
+            return
+        now = self._clock.monotonic_s()
+        expired = [rid for rid, p in self._pending.items() if p.deadline_s <= now]
+        for rid in expired:
+            entry = self._pending.pop(rid)
+            entry.callback(TimeoutError(f"bookie {self.bookie_id} did not answer in time"))
+        if self._pending:
+            self._sweep_handle = self._loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
+
+
+class BookieClient:
+    """The client's pool of channels, one per bookie, created on first use."""
+
+    def __init__(
+        self,
+        *,
+        frame_bytes_max: int,
+        requests_max: int,
+        connect_timeout_s: float,
+        reconnect_backoff_s_max: float,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._kw: dict[str, Any] = dict(
+            frame_bytes_max=frame_bytes_max,
+            requests_max=requests_max,
+            connect_timeout_s=connect_timeout_s,
+            reconnect_backoff_s_max=reconnect_backoff_s_max,
+            clock=clock,
+        )
+        self._channels: dict[BookieId, BookieChannel] = {}
+        self._closed = False
+
+    def channel(self, bookie_id: BookieId) -> BookieChannel:
+        ch = self._channels.get(bookie_id)
+        if ch is None:
+            if self._closed:
+                raise BookieUnavailableError("client is closed")
+            ch = BookieChannel(bookie_id, **self._kw)
+            self._channels[bookie_id] = ch
+        return ch
+
+    async def close(self) -> None:
+        self._closed = True
+        channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            await ch.close()

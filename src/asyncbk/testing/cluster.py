@@ -1,0 +1,284 @@
+"""``LocalCluster``: a real etcd and real bookie processes on loopback.
+
+Used by the integration tests and by ``asyncbk standalone``.  Every process
+it starts is stopped on exit, also when the body raises or is cancelled.
+Ports are free loopback ports chosen at first start and remembered in
+``<data_dir>/cluster.json``, so a cluster reopened on the same data directory
+gets the same bookie ids (a bookie id is ``host:port``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ..client.client import BookKeeper
+from ..errors import BKError
+from .etcd import EtcdServer
+
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A currently free TCP port on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))
+
+
+class LocalBookie:
+    """One bookie process of a LocalCluster."""
+
+    def __init__(self, cluster: LocalCluster, index: int, port: int) -> None:
+        self.cluster = cluster
+        self.index = index
+        self.port = port
+        self.id = f"127.0.0.1:{port}"
+        self.dir = cluster.data_dir / f"bookie-{index}"
+        self.journal_dir = self.dir / "journal"
+        self.ledger_dir = self.dir / "ledgers"
+        self.log_path = self.dir / "bookie.log"
+        self.config_path = self.dir / "bookie.toml"
+        self.process: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "asyncbk", "bookie",
+            "--metadata-uri", self.cluster.metadata_uri,
+            "--port", str(self.port),
+            "--journal-dir", str(self.journal_dir),
+            "--ledger-dir", str(self.ledger_dir),
+            "--config", str(self.config_path),
+        ]
+
+    def _prepare_dir(self, config_text: str) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(config_text)
+
+    async def start(self) -> None:
+        """Start the process (same id, same directories) and wait for its ready line."""
+        if self.running:
+            raise RuntimeError(f"bookie {self.id} is already running")
+        if self.process is not None:
+            await self.process.wait()
+        config_text = "[bookie]\n" + "".join(
+            f"{k} = {_toml_value(v)}\n" for k, v in self.cluster.bookie_config.items())
+        await asyncio.to_thread(self._prepare_dir, config_text)
+        log = await asyncio.to_thread(open, self.log_path, "ab")
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.command(), stdout=asyncio.subprocess.PIPE, stderr=log,
+                stdin=asyncio.subprocess.DEVNULL, env=self.cluster.child_env(),
+                start_new_session=True)
+        finally:
+            log.close()
+        assert self.process.stdout is not None
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                while True:
+                    line = await self.process.stdout.readline()
+                    if not line:
+                        code = await self.process.wait()
+                        raise BKError(f"bookie {self.id} exited with code {code} before it was "
+                                      f"ready; log tail:\n{_tail(self.log_path)}")
+                    if line.decode(errors="replace").strip() == f"ready {self.id}":
+                        return
+        except TimeoutError:
+            self.kill()
+            raise BKError(f"bookie {self.id} not ready after {READY_TIMEOUT_S}s; log tail:\n"
+                          f"{_tail(self.log_path)}") from None
+        except BaseException:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL: the process dies at once; whatever it had not fsynced is lost."""
+        self._signal(signal.SIGKILL)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process hangs (connections stay open, nothing is answered)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        if self.running:
+            assert self.process is not None
+            try:
+                self.process.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    async def wait(self) -> int:
+        assert self.process is not None
+        return await self.process.wait()
+
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Graceful stop (SIGTERM); SIGKILL if it has not exited after ``timeout_s``."""
+        if self.process is None:
+            return
+        if self.running:
+            self._signal(signal.SIGCONT)
+            self._signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self.process.wait()
+            except TimeoutError:
+                self.kill()
+        await self.process.wait()
+
+
+class LocalCluster:
+    """etcd + N bookie processes on loopback (see API.md)."""
+
+    def __init__(
+        self,
+        bookies: int = 3,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        root: str = "asyncbk",
+        bookie_config: dict[str, Any] | None = None,
+        etcd_port: int | None = None,
+        bookie_ports: list[int] | None = None,
+    ) -> None:
+        if bookies < 0:
+            raise ValueError("bookies must be >= 0")
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if data_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="asyncbk-")
+            data_dir = self._tmp.name
+        self.data_dir = Path(data_dir).resolve()
+        self.root = root
+        self.bookie_count = bookies
+        self.bookie_config: dict[str, Any] = {"lease_ttl_s": 4, **(bookie_config or {})}
+        self._etcd_port = etcd_port
+        self._bookie_ports = list(bookie_ports or [])
+        self.etcd: EtcdServer | None = None
+        self.bookies: list[LocalBookie] = []
+        self._clients: list[BookKeeper] = []
+
+    @property
+    def metadata_uri(self) -> str:
+        if self.etcd is None:
+            raise RuntimeError("cluster not started")
+        return self.etcd.uri(self.root)
+
+    def child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    # ------------------------------------------------------------------ layout
+
+    def _layout_path(self) -> Path:
+        return self.data_dir / "cluster.json"
+
+    def _load_layout(self) -> None:
+        p = self._layout_path()
+        if p.exists():
+            layout = json.loads(p.read_text())
+            self._etcd_port = self._etcd_port or layout.get("etcd_port")
+            saved = layout.get("bookie_ports", [])
+            self._bookie_ports = self._bookie_ports or saved
+
+    def _save_layout(self) -> None:
+        self._layout_path().write_text(json.dumps({
+            "etcd_port": self.etcd.port if self.etcd else self._etcd_port,
+            "bookie_ports": [b.port for b in self.bookies],
+        }, indent=2))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._load_layout()
+        try:
+            self.etcd = EtcdServer(self.data_dir / "etcd", port=self._etcd_port)
+            await self.etcd.start()
+            for i in range(self.bookie_count):
+                port = self._bookie_ports[i] if i < len(self._bookie_ports) else free_port()
+                self.bookies.append(LocalBookie(self, i, port))
+            self._save_layout()
+            await asyncio.gather(*(b.start() for b in self.bookies))
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def add_bookie(self) -> LocalBookie:
+        """Start one more bookie (a new id and directories)."""
+        index = len(self.bookies)
+        port = self._bookie_ports[index] if index < len(self._bookie_ports) else free_port()
+        bookie = LocalBookie(self, index, port)
+        self.bookies.append(bookie)
+        self._save_layout()
+        await bookie.start()
+        return bookie
+
+    async def client(self, **options: Any) -> BookKeeper:
+        """A connected client, closed when the cluster stops."""
+        bk = await BookKeeper.connect(self.metadata_uri, **options)
+        self._clients.append(bk)
+        return bk
+
+    async def stop(self) -> None:
+        """Close clients, stop every bookie (SIGKILL after a timeout), stop etcd."""
+        clients, self._clients = self._clients, []
+        for bk in clients:
+            try:
+                await bk.close()
+            except BKError:
+                pass
+        await asyncio.gather(*(b.stop() for b in self.bookies), return_exceptions=True)
+        for b in self.bookies:  # whatever survived the graceful stop
+            b.kill()
+            if b.process is not None:
+                await b.process.wait()
+        if self.etcd is not None:
+            await self.etcd.stop()
+
+    async def __aenter__(self) -> LocalCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        try:
+            await self.stop()
+        finally:
+            if self._tmp is not None:
+                self._tmp.cleanup()

@@ -1,0 +1,22 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest_asyncio
+
+
+@pytest_asyncio.fixture
+async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
+    """Fail the test if anything reached the event loop's exception handler
+    ("Task exception was never retrieved" and the like are bugs, not noise)."""
+    loop = asyncio.get_running_loop()
+    seen: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    yield seen
+    loop.set_exception_handler(previous)
+    assert not seen, f"unhandled errors on the event loop: {seen}"

@@ -1,0 +1,216 @@
+"""The ledger API of API.md against a real cluster (etcd + bookie processes)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import asyncbk
+from asyncbk.errors import (
+    LedgerClosedError,
+    LedgerFencedError,
+    NoSuchLedgerError,
+    NotEnoughBookiesError,
+    ReadBeyondLastAddConfirmedError,
+    UnauthorizedAccessError,
+)
+from asyncbk.testing.cluster import LocalCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("loop_errors")]
+
+
+async def test_create_append_close_read(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw",
+                                metadata={"app": b"demo"})
+    assert lh.last_add_confirmed == -1
+    ids = [await lh.append(f"e{i}".encode()) for i in range(10)]
+    assert ids == list(range(10))
+    assert lh.last_add_confirmed == 9
+    await lh.close()
+    await lh.close()  # idempotent
+    with pytest.raises(LedgerClosedError):
+        lh.append(b"late")
+
+    md = await bk.ledger_metadata(lh.id)
+    assert md.state is asyncbk.LedgerState.CLOSED
+    assert md.last_entry_id == 9
+    assert md.length == sum(len(f"e{i}") for i in range(10))
+    assert md.custom == {"app": b"demo"}
+    assert (md.ensemble_size, md.write_quorum, md.ack_quorum) == (3, 2, 2)
+    assert md.ensembles[0][0] == 0 and len(md.ensembles[0][1]) == 3
+    assert set(md.ensembles[0][1]) <= {b.id for b in cluster.bookies}
+    assert md.digest == "xxh3" and md.ctime > 0
+
+    rh = await bk.open_ledger(lh.id, password=b"pw")
+    assert rh.last_add_confirmed == 9
+    entries = await rh.read(0, 9)
+    assert [e.data for e in entries] == [f"e{i}".encode() for i in range(10)]
+    assert [e.entry_id for e in entries] == list(range(10))
+    assert all(e.ledger_id == lh.id for e in entries)
+    assert [e.data for e in await rh.read(3, 5)] == [b"e3", b"e4", b"e5"]
+    with pytest.raises(ReadBeyondLastAddConfirmedError):
+        await rh.read(5, 10)
+
+
+@pytest.mark.parametrize("digest", ["xxh3", "hmac-sha256", "none"])
+async def test_digests(cluster: LocalCluster, digest: str) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 3, 2, digest=digest, password=b"secret")
+    for i in range(5):
+        await lh.append(bytes([i]) * 100)
+    await lh.close()
+    rh = await bk.open_ledger(lh.id, password=b"secret")
+    assert [e.data for e in await rh.read(0, 4)] == [bytes([i]) * 100 for i in range(5)]
+    assert (await bk.ledger_metadata(lh.id)).digest == digest
+
+
+async def test_5000_pipelined_appends_resolve_in_order(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 2, 2)
+    order: list[int] = []
+    futures = []
+    for i in range(5000):
+        fut = lh.append(i.to_bytes(4, "big") * 64)
+        fut.add_done_callback(lambda f: order.append(f.result()))
+        futures.append(fut)
+    results = await asyncio.gather(*futures)
+    assert results == list(range(5000))
+    assert order == list(range(5000)), "futures must resolve in entry-id order"
+    assert lh.last_add_confirmed == 4999
+    await lh.close()
+    rh = await bk.open_ledger(lh.id)
+    entries = await rh.read(0, 4999)
+    assert all(e.data == e.entry_id.to_bytes(4, "big") * 64 for e in entries)
+
+
+async def test_validation_and_not_enough_bookies(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    for e, w, a in [(2, 3, 1), (3, 2, 3), (3, 3, 0), (0, 0, 0)]:
+        with pytest.raises(ValueError):
+            await bk.create_ledger(e, w, a)
+    with pytest.raises(NotEnoughBookiesError):
+        await bk.create_ledger(4, 2, 2)
+    with pytest.raises(ValueError, match="digest"):
+        await bk.create_ledger(3, 2, 2, digest="crc32")
+
+
+async def test_wrong_password(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 2, 2, password=b"right")
+    await lh.append(b"x")
+    with pytest.raises(UnauthorizedAccessError):
+        await bk.open_ledger(lh.id, password=b"wrong", recovery=False)
+    with pytest.raises(UnauthorizedAccessError):
+        await bk.open_ledger(lh.id, password=b"wrong", recovery=True)
+    # The failed recovery attempt did not fence: the writer goes on.
+    assert await lh.append(b"y") == 1
+    await lh.close()
+
+
+async def test_list_delete_and_unknown_ledger(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    created = []
+    for _ in range(3):
+        lh = await bk.create_ledger(3, 2, 2)
+        await lh.close()
+        created.append(lh.id)
+    listed = [lid async for lid in bk.list_ledgers()]
+    assert listed == sorted(listed)
+    assert set(created) <= set(listed)
+    await bk.delete_ledger(created[1])
+    assert created[1] not in [lid async for lid in bk.list_ledgers()]
+    for call in (bk.ledger_metadata(created[1]), bk.open_ledger(created[1]),
+                 bk.delete_ledger(created[1]), bk.open_ledger(10**15, recovery=False)):
+        with pytest.raises(NoSuchLedgerError):
+            await call
+
+
+async def test_reader_of_open_ledger_and_unconfirmed_reads(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 3, 2)
+    for i in range(20):
+        await lh.append(b"%d" % i)
+    reader_bk = await cluster.client()
+    rh = await reader_bk.open_ledger(lh.id, recovery=False)
+    # Bookies learn the LAC from the piggyback of later adds: at least up to 18 is known.
+    assert rh.last_add_confirmed >= 18
+    await lh.append(b"20")
+    assert await rh.read_last_add_confirmed() >= 19
+    got = await rh.read_unconfirmed(0, 20)
+    assert [e.data for e in got] == [b"%d" % i for i in range(21)]
+    # recovery=False does not fence: the writer keeps going.
+    assert await lh.append(b"21") == 21
+    await lh.close()
+    assert (await reader_bk.ledger_metadata(lh.id)).last_entry_id == 21
+
+
+async def test_recovery_open_fences_the_writer(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 2, 2, password=b"pw")
+    acked = [await lh.append(b"a%d" % i) for i in range(50)]
+    other = await cluster.client()
+    rh = await other.open_ledger(lh.id, password=b"pw", recovery=True)
+    md = await other.ledger_metadata(lh.id)
+    assert md.state is asyncbk.LedgerState.CLOSED
+    assert md.last_entry_id == acked[-1] == rh.last_add_confirmed
+    assert md.length == sum(len(b"a%d" % i) for i in range(50))
+    with pytest.raises(LedgerFencedError):
+        await lh.append(b"after fence")
+    with pytest.raises((LedgerFencedError, LedgerClosedError)):
+        await lh.close()
+    assert [e.data for e in await rh.read(0, 49)] == [b"a%d" % i for i in range(50)]
+
+
+async def test_recovery_of_an_abandoned_writer_keeps_every_acked_entry(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 2, 2)
+    futures = [lh.append(b"p%d" % i) for i in range(300)]
+    await asyncio.gather(*futures)
+    # The writer vanishes without closing (its client just stops).
+    await bk.close()
+    reader = await cluster.client()
+    rh = await reader.open_ledger(lh.id)
+    assert rh.last_add_confirmed == 299
+    assert [e.data for e in await rh.read(0, 299)] == [b"p%d" % i for i in range(300)]
+    # Recovery is idempotent and every reader agrees.
+    again = await (await cluster.client()).open_ledger(lh.id)
+    assert again.last_add_confirmed == 299
+
+
+async def test_tailing_reader(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 2, 2)
+    rh = await (await cluster.client()).open_ledger(lh.id, recovery=False)
+    seen: list[bytes] = []
+
+    async def tail() -> None:
+        async for entry in rh.tail(0, poll_s=0.2):
+            seen.append(entry.data)
+
+    async with asyncio.timeout(60):
+        task = asyncio.create_task(tail())
+        for i in range(30):
+            await lh.append(b"t%d" % i)
+            if i % 10 == 0:
+                await asyncio.sleep(0.05)
+        await lh.close()
+        await task
+    assert seen == [b"t%d" % i for i in range(30)]
+
+
+async def test_wait_for_lac_long_poll(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 3, 3)
+    await lh.append(b"0")
+    rh = await (await cluster.client()).open_ledger(lh.id, recovery=False)
+    start = rh.last_add_confirmed
+    # Nothing new: returns after the timeout with the same LAC.
+    assert await rh.wait_for_lac(start + 5, timeout=0.3) == start
+    waiter = asyncio.create_task(rh.wait_for_lac(start, timeout=10))
+    await asyncio.sleep(0.1)
+    await lh.append(b"1")
+    await lh.append(b"2")  # piggybacks LAC 1
+    async with asyncio.timeout(10):
+        assert await waiter > start

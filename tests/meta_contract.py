@@ -1,0 +1,256 @@
+"""Behavioural contract of :class:`asyncbk.meta.api.MetadataStore`.
+
+Both implementations run these same tests (``tests/unit/test_meta_memory.py``
+on the memory store, ``tests/integration/test_meta_etcd.py`` on a real etcd),
+which is what keeps the memory store a faithful stand-in for etcd.
+
+A test module subclasses :class:`MetadataStoreContract` and provides a
+``make_store`` fixture: an async factory returning a new, connected store
+("client") on one shared backend and root per test; the fixture closes what
+it made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any
+
+import pytest
+
+from asyncbk.errors import MetadataError, MetadataVersionError, NoSuchLedgerError
+from asyncbk.meta.api import BookieRegistration, MetadataStore
+from asyncbk.meta.model import LedgerMetadata, LedgerState, new_metadata
+from asyncbk.types import BookieId
+
+StoreFactory = Callable[[], Awaitable[MetadataStore]]
+View = dict[BookieId, BookieRegistration]
+
+WATCH_TIMEOUT_S = 10.0
+
+
+def make_md(ledger_id: int) -> LedgerMetadata:
+    return new_metadata(
+        ledger_id=ledger_id,
+        ensemble=["10.0.0.1:3181", "10.0.0.2:3181", "10.0.0.3:3181"],
+        write_quorum=3,
+        ack_quorum=2,
+        digest="xxh3",
+        password=b"secret",
+        custom={"app": b"test"},
+        ctime_ms=1_700_000_000_000,
+    )
+
+
+async def next_view(views: AsyncIterator[View], timeout_s: float = WATCH_TIMEOUT_S) -> View:
+    return await asyncio.wait_for(anext(views), timeout_s)
+
+
+async def view_where(
+    views: AsyncIterator[View],
+    predicate: Callable[[View], bool],
+    timeout_s: float = WATCH_TIMEOUT_S,
+) -> View:
+    """The first view satisfying ``predicate`` (views in between are skipped)."""
+
+    async def scan() -> View:
+        async for view in views:
+            if predicate(view):
+                return view
+        raise AssertionError("the watch ended")
+
+    return await asyncio.wait_for(scan(), timeout_s)
+
+
+def reg(bookie_id: str, readonly: bool = False, **info: Any) -> BookieRegistration:
+    return BookieRegistration(bookie_id=bookie_id, readonly=readonly, info=dict(info))
+
+
+class MetadataStoreContract:
+    """Mix into a ``Test*`` class that provides the ``make_store`` fixture."""
+
+    @pytest.fixture
+    async def store(self, make_store: StoreFactory) -> MetadataStore:
+        return await make_store()
+
+    # --- ledgers ---------------------------------------------------------
+
+    async def test_create_read_update_delete(self, store: MetadataStore) -> None:
+        ledger_id = await store.allocate_ledger_id()
+        assert ledger_id > 0
+        created = await store.create_ledger(make_md(ledger_id))
+        assert created.version > 0
+
+        read = await store.read_ledger(ledger_id)
+        assert read == created
+        assert read.password == b"secret" and read.custom == {"app": b"test"}
+
+        closed = read.replace(state=LedgerState.CLOSED, last_entry_id=9, length=1234)
+        updated = await store.update_ledger(closed)
+        assert updated.version > created.version
+        assert await store.read_ledger(ledger_id) == updated
+
+        await store.delete_ledger(ledger_id, updated.version)
+        with pytest.raises(NoSuchLedgerError):
+            await store.read_ledger(ledger_id)
+
+    async def test_lost_cas_and_missing_ledgers(self, store: MetadataStore) -> None:
+        ledger_id = await store.allocate_ledger_id()
+        v1 = await store.create_ledger(make_md(ledger_id))
+        with pytest.raises(MetadataVersionError):
+            await store.create_ledger(make_md(ledger_id))
+
+        v2 = await store.update_ledger(v1.replace(last_entry_id=1))
+        with pytest.raises(MetadataVersionError):  # stale version: lost race
+            await store.update_ledger(v1.replace(last_entry_id=2))
+        with pytest.raises(MetadataVersionError):
+            await store.delete_ledger(ledger_id, v1.version)
+        assert (await store.read_ledger(ledger_id)).last_entry_id == 1
+
+        await store.delete_ledger(ledger_id)
+        with pytest.raises(NoSuchLedgerError):  # deleted meanwhile, not "changed"
+            await store.update_ledger(v2.replace(last_entry_id=3))
+        with pytest.raises(NoSuchLedgerError):
+            await store.delete_ledger(ledger_id)
+        with pytest.raises(NoSuchLedgerError):
+            await store.delete_ledger(ledger_id, v2.version)
+        with pytest.raises(NoSuchLedgerError):
+            await store.read_ledger(ledger_id + 10**12)
+
+    async def test_concurrent_id_allocation_is_unique(self, make_store: StoreFactory) -> None:
+        stores = [await make_store() for _ in range(4)]
+        ids = await asyncio.gather(*(stores[i % 4].allocate_ledger_id() for i in range(200)))
+        assert len(set(ids)) == 200
+        assert min(ids) > 0
+
+    async def test_ids_increase(self, store: MetadataStore) -> None:
+        ids = [await store.allocate_ledger_id() for _ in range(5)]
+        assert ids == sorted(ids) and len(set(ids)) == 5
+
+    async def test_concurrent_cas_exactly_one_wins(self, make_store: StoreFactory) -> None:
+        a, b = await make_store(), await make_store()
+        ledger_id = await a.allocate_ledger_id()
+        base = await a.create_ledger(make_md(ledger_id))
+        outcomes = await asyncio.gather(
+            a.update_ledger(base.replace(last_entry_id=100)),
+            b.update_ledger(base.replace(last_entry_id=200)),
+            return_exceptions=True,
+        )
+        winners = [o for o in outcomes if isinstance(o, LedgerMetadata)]
+        losers = [o for o in outcomes if isinstance(o, MetadataVersionError)]
+        assert len(winners) == 1 and len(losers) == 1, outcomes
+        assert await b.read_ledger(ledger_id) == winners[0]
+
+    async def test_list_ledgers_in_order_with_paging(self, make_store: StoreFactory) -> None:
+        store = await make_store()
+        assert [i async for i in store.iter_ledger_ids()] == []
+        wanted = [7, 1, 1000, 42, 3, 10**15, 99, 100, 8]
+        for ledger_id in wanted:
+            await store.create_ledger(make_md(ledger_id))
+        for page_size in (1, 2, 3, 1000):
+            assert [i async for i in store.iter_ledger_ids(page_size)] == sorted(wanted)
+        other = await make_store()
+        await other.delete_ledger(1000)
+        assert [i async for i in store.iter_ledger_ids(4)] == sorted(set(wanted) - {1000})
+
+    # --- leases and bookie registry ---------------------------------------
+
+    async def test_register_writable_then_readonly(self, store: MetadataStore) -> None:
+        lease = await store.grant_lease(30)
+        await store.register_bookie(reg("b1:3181", host="b1", n=1), lease)
+        await store.register_bookie(reg("b2:3181"), lease)
+        view = await store.list_bookies()
+        assert view == {
+            "b1:3181": reg("b1:3181", host="b1", n=1),
+            "b2:3181": reg("b2:3181"),
+        }
+
+        await store.register_bookie(reg("b1:3181", readonly=True, host="b1"), lease)
+        view = await store.list_bookies()
+        assert view["b1:3181"] == reg("b1:3181", readonly=True, host="b1")
+        assert len(view) == 2  # the writable key is gone, not listed twice
+
+        await store.register_bookie(reg("b1:3181", readonly=False), lease)
+        assert (await store.list_bookies())["b1:3181"].readonly is False
+
+        await store.unregister_bookie("b1:3181")
+        await store.unregister_bookie("never-registered:1")
+        assert set(await store.list_bookies()) == {"b2:3181"}
+        await store.revoke_lease(lease)
+
+    async def test_lease_revoke_drops_registrations(self, store: MetadataStore) -> None:
+        lease = await store.grant_lease(30)
+        assert await store.keepalive_lease(lease) > 0
+        await store.register_bookie(reg("b1:3181"), lease)
+        await store.revoke_lease(lease)
+        assert await store.list_bookies() == {}
+        assert await store.keepalive_lease(lease) == 0
+        await store.revoke_lease(lease)  # revoking again is harmless
+        with pytest.raises(MetadataError):
+            await store.register_bookie(reg("b1:3181"), lease)
+
+    async def test_watch_sees_adds_and_removes(self, make_store: StoreFactory) -> None:
+        watcher, writer = await make_store(), await make_store()
+        lease = await writer.grant_lease(30)
+        await writer.register_bookie(reg("b0:1"), lease)
+        async with aclosing(watcher.watch_bookies()) as views:
+            assert set(await next_view(views)) == {"b0:1"}
+
+            await writer.register_bookie(reg("b1:1", host="x"), lease)
+            view = await view_where(views, lambda v: "b1:1" in v)
+            assert view["b1:1"] == reg("b1:1", host="x")
+
+            await writer.register_bookie(reg("b1:1", readonly=True), lease)
+            view = await view_where(views, lambda v: v.get("b1:1", reg("?")).readonly)
+            assert set(view) == {"b0:1", "b1:1"}
+
+            await writer.unregister_bookie("b0:1")
+            assert set(await view_where(views, lambda v: "b0:1" not in v)) == {"b1:1"}
+
+            await writer.revoke_lease(lease)
+            assert await view_where(views, lambda v: not v) == {}
+
+    async def test_watch_ends_when_store_closes(self, make_store: StoreFactory) -> None:
+        store = await make_store()
+        views = store.watch_bookies()
+        try:
+            assert await next_view(views) == {}
+            pending = asyncio.ensure_future(anext(views))
+            await asyncio.sleep(0.2)
+            await store.close()
+            with pytest.raises(StopAsyncIteration):
+                await asyncio.wait_for(pending, WATCH_TIMEOUT_S)
+        finally:
+            await views.aclose()
+        with pytest.raises(MetadataError):
+            await store.list_bookies()
+
+    # --- cookies and cluster identity -------------------------------------
+
+    async def test_cookies(self, make_store: StoreFactory) -> None:
+        a, b = await make_store(), await make_store()
+        assert await a.read_cookie("b1:1") is None
+        with pytest.raises(MetadataVersionError):  # CAS on an absent cookie
+            await a.write_cookie("b1:1", b"c0", 12345)
+
+        v1 = await a.write_cookie("b1:1", b"c1", None)
+        assert await b.read_cookie("b1:1") == (b"c1", v1)
+        with pytest.raises(MetadataVersionError):  # create-if-absent: exists
+            await b.write_cookie("b1:1", b"other", None)
+
+        v2 = await b.write_cookie("b1:1", b"c2", v1)
+        assert v2 > v1
+        with pytest.raises(MetadataVersionError):  # stale version
+            await a.write_cookie("b1:1", b"c3", v1)
+        assert await a.read_cookie("b1:1") == (b"c2", v2)
+
+        await a.delete_cookie("b1:1")
+        await a.delete_cookie("b1:1")
+        assert await b.read_cookie("b1:1") is None
+
+    async def test_instance_id_is_stable(self, make_store: StoreFactory) -> None:
+        stores = [await make_store() for _ in range(4)]
+        ids = await asyncio.gather(*(s.get_or_create_instance_id() for s in stores))
+        assert len(set(ids)) == 1 and len(ids[0]) == 36
+        assert await stores[0].get_or_create_instance_id() == ids[0]

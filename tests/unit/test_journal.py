@@ -1,0 +1,319 @@
+"""Group-commit journal writer."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncbk.bookie import journal as journal_mod
+from asyncbk.bookie.journal import Journal, list_journal_files
+from asyncbk.bookie.journal_format import AddRecord, Record, decode_records, encode_add
+from asyncbk.config import BookieConfig
+from asyncbk.errors import BookieIOError, TooManyRequestsError
+
+
+def rec(i: int, size: int = 10) -> bytes:
+    return encode_add(1, i, b"x" * size)
+
+
+async def started(directory: Path, sink: Any = None, **config: Any) -> Journal:
+    j = Journal(directory, BookieConfig(**config), first_seq=1, sink=sink)
+    await j.start()
+    return j
+
+
+def read_journal(directory: Path) -> list[Record]:
+    out: list[Record] = []
+    for _, path in list_journal_files(directory):
+        data = path.read_bytes()
+        records, good = decode_records(data)
+        assert good == len(data)
+        out.extend(records)
+    return out
+
+
+class BlockingSync:
+    """Replaces journal.fdatasync: the first ``block`` calls wait for ``release``."""
+
+    def __init__(self, block: int = 1, fail: bool = False) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+        self.block = block
+        self.fail = fail
+
+    def __call__(self, fd: int) -> None:
+        self.calls += 1
+        if self.calls <= self.block:
+            self.entered.set()
+            assert self.release.wait(10), "test never released the fsync"
+        if self.fail:
+            raise OSError(errno.EIO, "simulated fsync failure")
+
+    async def wait_entered(self) -> None:
+        for _ in range(1000):
+            if self.entered.is_set():
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError("fsync never entered")
+
+
+async def test_concurrent_appends_group_commit(tmp_path: Path) -> None:
+    j = await started(tmp_path)
+    futs = [j.append(rec(i)) for i in range(3000)]
+    await asyncio.gather(*futs)
+    stats = j.statistics()
+    assert stats["records"] == 3000
+    assert stats["batches"] < 3000
+    assert stats["queue_entries"] == 0
+    assert sum(stats["fsync_histogram"].values()) == stats["batches"]
+    await j.close()
+    assert read_journal(tmp_path) == [AddRecord(1, i, b"x" * 10) for i in range(3000)]
+
+
+async def test_flush_reason_entries(tmp_path: Path) -> None:
+    j = await started(tmp_path, journal_group_entries_max=10)
+    await asyncio.gather(*[j.append(rec(i)) for i in range(95)])
+    reasons = j.statistics()["flush_reasons"]
+    assert reasons["entries"] == 9
+    assert reasons["queue_empty"] == 1
+    assert j.statistics()["batch_records_max"] == 10
+    await j.close()
+
+
+async def test_flush_reason_bytes(tmp_path: Path) -> None:
+    j = await started(tmp_path, journal_group_bytes_max=3 * len(rec(0)))
+    await asyncio.gather(*[j.append(rec(i)) for i in range(10)])
+    reasons = j.statistics()["flush_reasons"]
+    assert reasons["bytes"] == 3
+    assert reasons["queue_empty"] == 1
+    await j.close()
+
+
+async def test_flush_reason_wait_time(tmp_path: Path) -> None:
+    j = await started(tmp_path, journal_flush_when_queue_empty=False,
+                      journal_group_wait_ms_max=200.0)
+    t0 = time.monotonic()
+    futs = [j.append(rec(0))]
+    await asyncio.sleep(0.005)
+    futs.append(j.append(rec(1)))  # joins the same group: the oldest has not waited 200 ms
+    await asyncio.gather(*futs)
+    assert time.monotonic() - t0 >= 0.15
+    stats = j.statistics()
+    assert stats["batches"] == 1
+    assert stats["flush_reasons"]["wait_time"] == 1
+    await j.close()
+
+
+async def test_wait_mode_flushes_early_at_entries_limit(tmp_path: Path) -> None:
+    j = await started(tmp_path, journal_flush_when_queue_empty=False,
+                      journal_group_wait_ms_max=10_000.0, journal_group_entries_max=4)
+    await asyncio.wait_for(asyncio.gather(*[j.append(rec(i)) for i in range(8)]), 5)
+    assert j.statistics()["flush_reasons"]["entries"] == 2
+    # a lone record waiting for its group is flushed by close
+    fut = j.append(rec(9))
+    await j.close()
+    assert fut.done() and fut.exception() is None
+    assert j.statistics()["flush_reasons"]["close"] == 1
+
+
+async def test_futures_pending_until_fsync_and_next_batch_groups(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sync = BlockingSync()
+    writes: list[int] = []
+    real_write_all = journal_mod.write_all
+
+    def counting_write_all(fd: int, data: Any) -> None:
+        writes.append(len(data))
+        real_write_all(fd, data)
+
+    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    monkeypatch.setattr(journal_mod, "write_all", counting_write_all)
+    j = await started(tmp_path)
+    first = j.append(rec(0))
+    await sync.wait_entered()
+    later = [j.append(rec(i)) for i in range(1, 101)]  # queue up behind the fsync
+    await asyncio.sleep(0.05)
+    assert not first.done()
+    assert not any(f.done() for f in later)
+    assert j.queue_entries == 101
+    sync.release.set()
+    await asyncio.gather(first, *later)
+    stats = j.statistics()
+    assert stats["batches"] == 2  # all 100 went into one group commit
+    assert writes == [len(rec(0)), 100 * len(rec(0))]  # one write per batch
+    await j.close()
+
+
+async def test_fsync_failure_fails_batch_and_later_appends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sync = BlockingSync(fail=True)
+    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    j = await started(tmp_path)
+    first = j.append(rec(0))
+    await sync.wait_entered()
+    queued = j.append(rec(1))
+    sync.release.set()
+    with pytest.raises(BookieIOError):
+        await first
+    with pytest.raises(BookieIOError):
+        await queued
+    assert j.failed and j.statistics()["failed"]
+    with pytest.raises(BookieIOError):
+        j.append(rec(2))
+    assert j.statistics()["batches"] == 0
+    await j.wait_for_space()  # does not hang on a failed journal
+    await j.close()
+
+
+async def test_write_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(fd: int, data: Any) -> None:
+        raise OSError(errno.ENOSPC, "disk full")
+
+    j = await started(tmp_path)
+    monkeypatch.setattr(journal_mod, "write_all", broken)
+    with pytest.raises(BookieIOError):
+        await j.append(rec(0))
+    with pytest.raises(BookieIOError):
+        j.append(rec(1))
+    await j.close()
+
+
+async def test_queue_bound_and_wait_for_space(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sync = BlockingSync()
+    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    j = await started(tmp_path, journal_queue_entries_max=8)
+    futs = [j.append(rec(0))]
+    await sync.wait_entered()
+    futs += [j.append(rec(i)) for i in range(1, 8)]  # 1 in flight + 7 queued = the bound
+    with pytest.raises(TooManyRequestsError):
+        j.append(rec(8))
+    with pytest.raises(TooManyRequestsError):
+        j.ensure_room(1)
+    waiter = asyncio.create_task(j.wait_for_space())
+    await asyncio.sleep(0.02)
+    assert not waiter.done()
+    sync.release.set()
+    await asyncio.wait_for(waiter, 5)
+    await asyncio.gather(*futs)
+    await j.append(rec(9))
+    await j.close()
+
+
+async def test_wait_for_space_cancellation_leaves_no_waiter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sync = BlockingSync()
+    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    j = await started(tmp_path, journal_queue_entries_max=4)
+    futs = [j.append(rec(i)) for i in range(4)]
+    await sync.wait_entered()
+    waiter = asyncio.create_task(j.wait_for_space())
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert j._space_waiters == []
+    sync.release.set()
+    await asyncio.gather(*futs)
+    await j.close()
+
+
+async def test_rotation(tmp_path: Path) -> None:
+    size = len(rec(0))
+    j = await started(tmp_path, journal_file_bytes_max=3 * size)
+    for i in range(10):
+        await j.append(rec(i))
+    await j.close()
+    files = list_journal_files(tmp_path)
+    assert [seq for seq, _ in files] == [1, 2, 3, 4]
+    assert j.statistics()["files_created"] == 4
+    assert read_journal(tmp_path) == [AddRecord(1, i, b"x" * 10) for i in range(10)]
+
+
+async def test_close_drains_then_refuses(tmp_path: Path) -> None:
+    j = await started(tmp_path)
+    futs = [j.append(rec(i)) for i in range(50)]
+    await j.close()
+    assert all(f.done() and f.exception() is None for f in futs)
+    with pytest.raises(BookieIOError):
+        j.append(rec(51))
+    await j.close()  # idempotent
+    assert len(read_journal(tmp_path)) == 50
+
+
+async def test_stop_now_fails_pending(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sync = BlockingSync()
+    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    j = await started(tmp_path)
+    first = j.append(rec(0))
+    await sync.wait_entered()
+    queued = j.append(rec(1))
+    stopping = asyncio.create_task(j.stop_now())
+    await asyncio.sleep(0.02)
+    assert not stopping.done()  # waits for the thread to finish the in-flight batch
+    sync.release.set()
+    await stopping
+    for fut in (first, queued):
+        with pytest.raises(BookieIOError):
+            await fut
+    await j.close()
+
+
+async def test_no_sync_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(journal_mod, "fdatasync", calls.append)
+    j = await started(tmp_path, journal_sync=False)
+    await asyncio.gather(*[j.append(rec(i)) for i in range(10)])
+    assert calls == []
+    await j.close()
+
+
+async def test_sink_runs_on_writer_thread_before_futures_resolve(tmp_path: Path) -> None:
+    events: list[Any] = []
+
+    class Sink:
+        def apply_in_writer(self, records: list[bytes], items: list[Any]) -> Any:
+            events.append(("thread", threading.current_thread().name, list(items)))
+            return len(records)
+
+        def apply_on_loop(self, items: list[Any], result: Any) -> None:
+            events.append(("loop", result, [f.done() for f in futs]))
+
+    j = await started(tmp_path, sink=Sink())
+    futs = [j.append(rec(i), item=i) for i in range(3)]
+    await asyncio.gather(*futs)
+    assert events[0][0] == "thread" and events[0][1].startswith("asyncbk-journal")
+    assert events[0][2] == [0, 1, 2]
+    assert events[1] == ("loop", 3, [False, False, False])
+    await j.close()
+
+
+async def test_sink_failure_fails_journal(tmp_path: Path) -> None:
+    class Sink:
+        def apply_in_writer(self, records: list[bytes], items: list[Any]) -> Any:
+            raise OSError(errno.EIO, "entry log broken")
+
+        def apply_on_loop(self, items: list[Any], result: Any) -> None:
+            raise AssertionError("not reached")
+
+    j = await started(tmp_path, sink=Sink())
+    with pytest.raises(BookieIOError):
+        await j.append(rec(0))
+    assert j.failed
+    await j.close()
+
+
+async def test_cancelled_caller_future_is_still_written(tmp_path: Path) -> None:
+    j = await started(tmp_path)
+    fut = j.append(rec(0))
+    fut.cancel()
+    await j.append(rec(1))
+    await j.close()
+    assert len(read_journal(tmp_path)) == 2

@@ -1,0 +1,95 @@
+"""Message codec: every message round-trips; malformed bodies raise ProtocolError."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from asyncbk.errors import ProtocolError
+from asyncbk.proto import (
+    PROTOCOL_VERSION,
+    AddRequest,
+    AddResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    FrameDecoder,
+    LongPollLacRequest,
+    LongPollLacResponse,
+    Op,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    WriteLacRequest,
+    WriteLacResponse,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
+
+ids = st.integers(min_value=0, max_value=2**63 - 1)
+eids = st.integers(min_value=-1, max_value=2**63 - 1)
+blobs = st.binary(max_size=64)
+
+requests = st.one_of(
+    st.builds(AddRequest, ids, ids, eids, blobs, st.integers(0, 3), eids, blobs),
+    st.builds(ReadRequest, ids, ids, eids, st.integers(0, 3), blobs),
+    st.builds(ReadLacRequest, ids, ids),
+    st.builds(WriteLacRequest, ids, ids, blobs, eids),
+    st.builds(LongPollLacRequest, ids, ids, eids, st.integers(0, 60_000)),
+    st.builds(BookieInfoRequest, ids),
+)
+responses = st.one_of(
+    st.builds(AddResponse, ids, st.integers(0, 10), ids, eids),
+    st.builds(ReadResponse, ids, st.integers(0, 10), ids, eids, blobs, eids),
+    st.builds(ReadLacResponse, ids, st.integers(0, 10), ids, eids, eids),
+    st.builds(WriteLacResponse, ids, st.integers(0, 10), ids),
+    st.builds(LongPollLacResponse, ids, st.integers(0, 10), ids, eids),
+    st.builds(BookieInfoResponse, ids, st.integers(0, 10), st.text(max_size=20),
+              st.text(max_size=10), ids, ids, st.text(max_size=10)),
+)
+
+
+def _body(frame: bytes) -> bytes:
+    (body,) = FrameDecoder(1 << 20).feed(frame)
+    return body
+
+
+@given(requests)
+def test_request_round_trip(msg) -> None:  # type: ignore[no-untyped-def]
+    assert decode_request(_body(encode_request(msg))) == msg
+
+
+@given(responses)
+def test_response_round_trip(msg) -> None:  # type: ignore[no-untyped-def]
+    assert decode_response(_body(encode_response(msg))) == msg
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\xc1",  # never-used msgpack byte
+        msgpack.packb(5),
+        msgpack.packb([PROTOCOL_VERSION]),
+        msgpack.packb([99, Op.ADD, 1, 1, 1, b"k", 0, -1, b"b"]),  # bad version
+        msgpack.packb([PROTOCOL_VERSION, 77, 1]),  # unknown op
+        msgpack.packb([PROTOCOL_VERSION, Op.ADD, 1, 1]),  # too few fields
+        msgpack.packb([PROTOCOL_VERSION, Op.ADD, 1, "x", 1, b"k", 0, -1, b"b"]),  # wrong type
+        msgpack.packb([PROTOCOL_VERSION, Op.ADD, -5, 1, 1, b"k", 0, -1, b"b"]),  # negative rid
+        msgpack.packb([PROTOCOL_VERSION, Op.READ_LAC, 1, True]),  # bool is not int
+    ],
+)
+def test_malformed_requests_rejected(body: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_request(body)
+
+
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_only_raise_protocol_error(body: bytes) -> None:
+    try:
+        decode_request(body)
+    except ProtocolError:
+        pass
