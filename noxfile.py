@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "tests"]  # bench only when asked
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -27,3 +27,10 @@ def typecheck(session: nox.Session) -> None:
     """mypy over the package."""
     session.install("-e", ".[lint]")
     session.run("mypy")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks (never part of the default test run): write baseline to bench-results/."""
+    session.install("-e", ".[standalone]")
+    session.run("python", "benchmarks/write_baseline.py", *session.posargs)

@@ -51,8 +51,8 @@ def _port(text: str) -> int:
 
 
 def _add_log_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-level", default="info",
-                   choices=["debug", "info", "warning", "error"], help="log level (default info)")
+    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+                   help="log level (default: info for servers, warning for tools)")
     p.add_argument("--log-json", action="store_true", help="log JSON lines instead of text")
 
 
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _configure_logging(args: argparse.Namespace, default: str = "info") -> None:
     from ..log import configure
 
-    configure(getattr(args, "log_level", default), getattr(args, "log_json", False))
+    configure(getattr(args, "log_level", None) or default, getattr(args, "log_json", False))
 
 
 def _run(coro_fn: Callable[[], Coroutine[Any, Any, int | None]]) -> int:

@@ -1,0 +1,144 @@
+"""The command line: help everywhere, one-line errors, standalone, shell, bench."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncbk.testing.cluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "asyncbk", *args], capture_output=True,
+                          text=True, timeout=timeout, env=_env())
+
+
+@pytest.mark.parametrize("command", [
+    [], ["standalone"], ["bookie"], ["bench"], ["bench", "write"], ["shell"],
+    ["shell", "listbookies"], ["shell", "listledgers"], ["shell", "ledgermetadata"],
+    ["shell", "readledger"], ["shell", "simpletest"], ["shell", "bookieformat"],
+])
+def test_help_everywhere(command: list[str]) -> None:
+    r = run_cli(*command, "--help")
+    assert r.returncode == 0, r.stderr
+    assert "usage:" in r.stdout
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["bookie", "--port", "notaport"], "expected a port number"),
+    (["bookie", "--port", "99999"], "port must be in 1..65535"),
+    (["bookie", "--port", "4000"], "--metadata-uri is required"),
+    (["bookie", "--metadata-uri", "http://x", "--port", "4000", "--journal-dir", "j",
+      "--ledger-dir", "l"], "etcd://"),
+    (["bookie", "--config", "/nonexistent/bookie.toml"], "does not exist"),
+    (["standalone", "--bookies", "0"], "must be >= 1"),
+    (["bench", "write", "--entries", "-5"], "must be >= 1"),
+    (["nosuchcommand"], "invalid choice"),
+    (["shell", "ledgermetadata", "--metadata-uri", "etcd://127.0.0.1:1/x", "12"],
+     "cannot reach etcd"),
+])
+def test_bad_input_is_one_line(args: list[str], expect: str) -> None:
+    r = run_cli(*args)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert expect in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_config_value_is_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "b.toml"
+    cfg.write_text("[bookie]\nlease_ttl_s = 'soon'\n")
+    r = run_cli("bookie", "--config", str(cfg), "--metadata-uri", "etcd://127.0.0.1:1/x",
+                "--port", "4000", "--journal-dir", str(tmp_path / "j"),
+                "--ledger-dir", str(tmp_path / "l"))
+    assert r.returncode == 1
+    assert r.stderr.strip().count("\n") == 0
+    assert "lease_ttl_s" in r.stderr and "must be int" in r.stderr
+
+
+async def test_standalone_runs_and_stops_cleanly(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "asyncbk", "standalone", "--bookies", "2",
+        "--data-dir", str(tmp_path / "data"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env())
+    assert proc.stdout is not None
+    uri = None
+    try:
+        async with asyncio.timeout(60):
+            while True:
+                line = (await proc.stdout.readline()).decode()
+                assert line, "standalone exited early"
+                if line.startswith("metadata URI:"):
+                    uri = line.split(":", 1)[1].strip()
+                if line.startswith("ready"):
+                    break
+        assert uri and uri.startswith("etcd://127.0.0.1:")
+        r = await asyncio.to_thread(run_cli, "shell", "simpletest", "--metadata-uri", uri,
+                                    "--ensemble", "2", "--write-quorum", "2", "--ack-quorum",
+                                    "2", "--entries", "50")
+        assert r.returncode == 0, r.stderr
+        assert "OK" in r.stdout
+        r = await asyncio.to_thread(run_cli, "shell", "listbookies", "--metadata-uri", uri)
+        assert r.stdout.count("writable") == 2
+    finally:
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(60):
+            out, _ = await proc.communicate()
+    assert proc.returncode == 0
+    assert "stopped" in out.decode()
+    layout = json.loads((tmp_path / "data" / "cluster.json").read_text())
+    for port in layout["bookie_ports"] + [layout["etcd_port"]]:
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_shell_commands_against_a_cluster(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 2, 2, password=b"pw")
+    for i in range(3):
+        await lh.append(b"line %d" % i)
+    await lh.close()
+    uri = cluster.metadata_uri
+    r = await asyncio.to_thread(run_cli, "shell", "listledgers", "--metadata-uri", uri)
+    assert str(lh.id) in r.stdout.split()
+    r = await asyncio.to_thread(run_cli, "shell", "ledgermetadata", "--metadata-uri", uri,
+                                str(lh.id))
+    md = json.loads(r.stdout)
+    assert md["state"] == "CLOSED" and md["last_entry_id"] == 2
+    r = await asyncio.to_thread(run_cli, "shell", "readledger", "--metadata-uri", uri,
+                                str(lh.id), "--password", "pw")
+    assert r.stdout.splitlines() == ["0\tline 0", "1\tline 1", "2\tline 2"]
+    r = await asyncio.to_thread(run_cli, "shell", "ledgermetadata", "--metadata-uri", uri,
+                                "999999999")
+    assert r.returncode == 1 and "999999999" in r.stderr
+
+
+async def test_bench_write_json(cluster: LocalCluster, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    r = await asyncio.to_thread(
+        run_cli, "bench", "write", "--entries", "2000", "--inflight", "64", "--entry-size",
+        "256", "--ensemble", "3", "--write-quorum", "2", "--ack-quorum", "2", "--warmup", "100",
+        "--metadata-uri", cluster.metadata_uri, "--json", str(out), timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["throughput_eps"] > 0 and data["throughput_mbps"] > 0
+    lat = data["latency_us"]
+    assert 0 < lat["p50"] <= lat["p99"] <= lat["p999"] <= lat["max"]
