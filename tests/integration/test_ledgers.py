@@ -13,6 +13,7 @@ from asyncbk.errors import (
     NoSuchLedgerError,
     NotEnoughBookiesError,
     ReadBeyondLastAddConfirmedError,
+    TooManyRequestsError,
     UnauthorizedAccessError,
 )
 from asyncbk.testing.cluster import LocalCluster
@@ -214,3 +215,35 @@ async def test_wait_for_lac_long_poll(cluster: LocalCluster) -> None:
     await lh.append(b"2")  # piggybacks LAC 1
     async with asyncio.timeout(10):
         assert await waiter > start
+
+
+async def test_in_flight_bound_gives_typed_error_and_capacity_wait(cluster: LocalCluster) -> None:
+    bk = await cluster.client(pending_adds_max=10)
+    lh = await bk.create_ledger(3, 2, 2)
+    futures = [lh.append(b"x") for _ in range(10)]
+    with pytest.raises(TooManyRequestsError):
+        lh.append(b"one too many")
+    async with asyncio.timeout(10):
+        await lh.wait_for_capacity()
+    futures.append(lh.append(b"fits now"))
+    assert await asyncio.gather(*futures) == list(range(11))
+    await lh.close()
+
+
+async def test_hung_bookie_ack_quorum_and_timeout(cluster: LocalCluster) -> None:
+    bk = await cluster.client(add_timeout_s=1.0)
+    tolerant = await bk.create_ledger(3, 3, 2)
+    strict = await bk.create_ledger(3, 3, 3)
+    hung = next(b for b in cluster.bookies if b.id == tolerant.metadata.ensembles[0][1][0])
+    hung.pause()
+    try:
+        # Qa=2 of Qw=3: one hung bookie does not stop acknowledgements.
+        assert await asyncio.gather(*(tolerant.append(b"t") for _ in range(20))) == list(range(20))
+        # Qa=3: the add cannot complete; it fails with the client's TimeoutError in time.
+        async with asyncio.timeout(10):
+            with pytest.raises(asyncbk.errors.TimeoutError):
+                await strict.append(b"s")
+        with pytest.raises(asyncbk.errors.TimeoutError):
+            strict.append(b"refused: the handle has failed")
+    finally:
+        hung.resume()

@@ -1,0 +1,214 @@
+"""The bookie's request rules, on real storage with a recording connection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from asyncbk.bookie.processor import BookieState, RequestProcessor
+from asyncbk.bookie.storage import LedgerStorage
+from asyncbk.config import BookieConfig
+from asyncbk.proto import (
+    AddFlag,
+    AddRequest,
+    BookieInfoRequest,
+    LongPollLacRequest,
+    ReadFlag,
+    ReadLacRequest,
+    ReadRequest,
+    Status,
+    WriteLacRequest,
+)
+
+pytestmark = pytest.mark.usefixtures("loop_errors")
+
+KEY = b"k" * 32
+OTHER = b"o" * 32
+
+
+class Conn:
+    peer = "test:1"
+
+    def __init__(self) -> None:
+        self.responses: list[Any] = []
+        self.paused: set[str] = set()
+        self.new = asyncio.Event()
+
+    def respond(self, response: Any) -> None:
+        self.responses.append(response)
+        self.new.set()
+
+    def pause_reading(self, reason: str) -> None:
+        self.paused.add(reason)
+
+    def resume_reading(self, reason: str) -> None:
+        self.paused.discard(reason)
+
+    async def next(self, timeout_s: float = 5) -> Any:
+        async with asyncio.timeout(timeout_s):
+            while not self.responses:
+                self.new.clear()
+                await self.new.wait()
+        return self.responses.pop(0)
+
+
+@pytest_asyncio.fixture
+async def proc(tmp_path: Path) -> AsyncIterator[RequestProcessor]:
+    cfg = BookieConfig(journal_queue_entries_max=64)
+    storage = await LedgerStorage.open(tmp_path / "j", tmp_path / "l", cfg)
+    p = RequestProcessor(storage, "127.0.0.1:1")
+    p.state = BookieState.WRITABLE
+    yield p
+    await p.close()
+    await storage.close()
+
+
+def add(rid: int, entry: int, key: bytes = KEY, flags: int = 0, lac: int = -1,
+        ledger: int = 1) -> AddRequest:
+    return AddRequest(rid, ledger, entry, key, flags, lac, b"body%d" % entry)
+
+
+async def test_add_then_read(proc: RequestProcessor) -> None:
+    c = Conn()
+    proc.handle(add(1, 0), c)
+    r = await c.next()
+    assert (r.request_id, r.status, r.entry_id) == (1, Status.OK, 0)
+    proc.handle(ReadRequest(2, 1, 0, 0, b""), c)
+    r = await c.next()
+    assert (r.status, r.body) == (Status.OK, b"body0")
+    proc.handle(ReadRequest(3, 1, -1, 0, b""), c)  # -1 = last entry
+    r = await c.next()
+    assert (r.status, r.entry_id) == (Status.OK, 0)
+
+
+async def test_unknown_ledger_and_entry(proc: RequestProcessor) -> None:
+    c = Conn()
+    proc.handle(ReadRequest(1, 99, 0, 0, b""), c)
+    assert (await c.next()).status == Status.NO_LEDGER
+    proc.handle(add(2, 0), c)
+    await c.next()
+    proc.handle(ReadRequest(3, 1, 5, 0, b""), c)
+    assert (await c.next()).status == Status.NO_ENTRY
+    proc.handle(ReadLacRequest(4, 99), c)
+    assert (await c.next()).status == Status.NO_LEDGER
+
+
+async def test_master_key_mismatch_is_unauthorized(proc: RequestProcessor) -> None:
+    c = Conn()
+    proc.handle(add(1, 0), c)
+    await c.next()
+    proc.handle(add(2, 1, key=OTHER), c)
+    assert (await c.next()).status == Status.UNAUTHORIZED
+    proc.handle(ReadRequest(3, 1, -1, ReadFlag.FENCE, OTHER), c)
+    assert (await c.next()).status == Status.UNAUTHORIZED
+    proc.handle(WriteLacRequest(4, 1, OTHER, 0), c)
+    assert (await c.next()).status == Status.UNAUTHORIZED
+
+
+async def test_fence_blocks_writer_but_not_recovery_adds(proc: RequestProcessor) -> None:
+    c = Conn()
+    proc.handle(add(1, 0), c)
+    await c.next()
+    proc.handle(ReadRequest(2, 1, -1, ReadFlag.FENCE, KEY), c)
+    r = await c.next()
+    assert (r.status, r.entry_id, r.body) == (Status.OK, 0, b"body0")
+    assert proc.storage.ledger(1).fenced  # type: ignore[union-attr]
+    proc.handle(add(3, 1), c)
+    assert (await c.next()).status == Status.FENCED
+    proc.handle(add(4, 1, flags=AddFlag.RECOVERY_ADD), c)
+    assert (await c.next()).status == Status.OK
+
+
+async def test_fence_of_unknown_ledger_creates_it_fenced(proc: RequestProcessor) -> None:
+    c = Conn()
+    proc.handle(ReadRequest(1, 7, -1, ReadFlag.FENCE, KEY), c)
+    assert (await c.next()).status == Status.NO_ENTRY
+    proc.handle(add(2, 0, ledger=7), c)  # the old writer's late add
+    assert (await c.next()).status == Status.FENCED
+
+
+async def test_bad_values_are_bad_request(proc: RequestProcessor) -> None:
+    c = Conn()
+    for req in (add(1, -3), add(2, 0, key=b""), AddRequest(3, -1, 0, KEY, 0, -1, b"x"),
+                add(4, 0, lac=-7), ReadRequest(5, 1, -2, 0, b""),
+                ReadRequest(6, 1, 0, ReadFlag.FENCE, b""),
+                LongPollLacRequest(7, 1, -1, 10**9)):
+        proc.handle(req, c)
+        assert (await c.next()).status == Status.BAD_REQUEST, req
+
+
+@pytest.mark.parametrize(("state", "status"), [
+    (BookieState.READ_ONLY, Status.READ_ONLY),
+    (BookieState.UNREGISTERED, Status.NOT_READY),
+    (BookieState.DRAINING, Status.NOT_READY),
+    (BookieState.STARTING, Status.NOT_READY),
+])
+async def test_adds_refused_unless_writable(proc: RequestProcessor, state: BookieState,
+                                            status: Status) -> None:
+    c = Conn()
+    proc.state = state
+    proc.handle(add(1, 0), c)
+    assert (await c.next()).status == status
+    proc.handle(ReadLacRequest(2, 1), c)  # reads still answered
+    assert (await c.next()).status == Status.NO_LEDGER
+
+
+async def test_read_only_bookie_accepts_recovery_adds(proc: RequestProcessor) -> None:
+    c = Conn()
+    proc.state = BookieState.READ_ONLY
+    proc.handle(add(1, 0, flags=AddFlag.RECOVERY_ADD), c)
+    assert (await c.next()).status == Status.OK
+
+
+async def test_lac_piggyback_explicit_and_long_poll(proc: RequestProcessor) -> None:
+    c = Conn()
+    proc.handle(add(1, 0), c)
+    await c.next()
+    proc.handle(LongPollLacRequest(2, 1, -1, 5000), c)  # waits: LAC is still -1
+    await asyncio.sleep(0.05)
+    assert not c.responses
+    proc.handle(add(3, 1, lac=0), c)  # piggybacks LAC 0: wakes the poll
+    got = sorted([await c.next(), await c.next()], key=lambda r: r.request_id)
+    assert got[0].status == Status.OK and got[0].lac == 0
+    proc.handle(WriteLacRequest(4, 1, KEY, 1), c)
+    assert (await c.next()).status == Status.OK
+    proc.handle(ReadLacRequest(5, 1), c)
+    r = await c.next()
+    assert (r.lac, r.last_entry_id) == (1, 1)
+    proc.handle(LongPollLacRequest(6, 1, 1, 100), c)  # times out with the same LAC
+    r = await c.next()
+    assert (r.status, r.lac) == (Status.OK, 1)
+
+
+async def test_backpressure_pauses_reading(proc: RequestProcessor) -> None:
+    c = Conn()
+    for i in range(60):  # past 3/4 of journal_queue_entries_max=64
+        proc.handle(add(i, i), c)
+    assert "journal" in c.paused
+    async with asyncio.timeout(10):
+        while len(c.responses) < 60:
+            await asyncio.sleep(0.01)
+        while c.paused:
+            await asyncio.sleep(0.01)
+    assert all(r.status == Status.OK for r in c.responses)
+
+
+async def test_bookie_info(proc: RequestProcessor) -> None:
+    c = Conn()
+    proc.handle(BookieInfoRequest(1), c)
+    r = await c.next()
+    assert r.status == Status.OK and r.bookie_id == "127.0.0.1:1" and r.state == "writable"
+    assert 0 < r.free_bytes <= r.total_bytes
+
+
+async def test_drain_waits_for_accepted_adds(proc: RequestProcessor) -> None:
+    c = Conn()
+    for i in range(20):
+        proc.handle(add(i, i), c)
+    assert await proc.drain(10)
+    assert len(c.responses) == 20

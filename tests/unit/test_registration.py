@@ -1,0 +1,82 @@
+"""Lease registration: kept alive, lost (lease gone or store unreachable), regained."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from asyncbk.bookie.registration import Registration
+from asyncbk.clock import ManualClock
+from asyncbk.errors import MetadataError
+from asyncbk.meta.memory import MemoryMetadataStore
+
+pytestmark = pytest.mark.usefixtures("loop_errors")
+
+
+class FlakyStore(MemoryMetadataStore):
+    unreachable = False
+
+    async def keepalive_lease(self, lease_id: int) -> int:
+        if self.unreachable:
+            raise MetadataError("store unreachable")
+        return await super().keepalive_lease(lease_id)
+
+    async def grant_lease(self, ttl_s: int) -> int:
+        if self.unreachable:
+            raise MetadataError("store unreachable")
+        return await super().grant_lease(ttl_s)
+
+
+async def spin(clock: ManualClock, seconds: float, step_s: float = 0.25) -> None:
+    """Advance virtual time in steps, letting the loop run between them."""
+    t = 0.0
+    while t < seconds:
+        clock.advance(step_s)
+        t += step_s
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+
+async def test_kept_alive_then_lost_then_regained() -> None:
+    clock = ManualClock()
+    meta = FlakyStore(clock=clock)
+    changes: list[bool] = []
+    reg = Registration(meta, "127.0.0.1:9", ttl_s=3, on_change=changes.append, clock=clock)
+    await reg.start()
+    try:
+        assert changes == [True]
+        await spin(clock, 30)  # ten TTLs: keep-alives hold the registration
+        assert "127.0.0.1:9" in await meta.list_bookies()
+        assert changes == [True]
+
+        await meta.revoke_lease(reg.lease_id)  # lease lost behind the bookie's back
+        assert "127.0.0.1:9" not in await meta.list_bookies()
+        await spin(clock, 2)
+        assert changes[:2] == [True, False]
+        await spin(clock, 5)
+        assert changes == [True, False, True]  # registered again
+        assert "127.0.0.1:9" in await meta.list_bookies()
+        assert reg.lease_losses == 1
+    finally:
+        await reg.close()
+    assert "127.0.0.1:9" not in await meta.list_bookies()  # revoked on close
+
+
+async def test_unreachable_store_for_a_ttl_means_unregistered() -> None:
+    clock = ManualClock()
+    meta = FlakyStore(clock=clock)
+    changes: list[bool] = []
+    reg = Registration(meta, "127.0.0.1:9", ttl_s=3, on_change=changes.append, clock=clock)
+    await reg.start()
+    try:
+        meta.unreachable = True
+        await spin(clock, 1.5)
+        assert changes == [True]  # a missed keep-alive or two is not yet a loss
+        await spin(clock, 3)
+        assert changes == [True, False]
+        meta.unreachable = False
+        await spin(clock, 10)
+        assert changes == [True, False, True]
+    finally:
+        await reg.close()
