@@ -29,6 +29,21 @@ class SystemClock:
         await asyncio.sleep(seconds)
 
 
+class LoopClock:
+    """The running event loop's clock.  Under a real loop this is ``time.monotonic``;
+    under the simulator's virtual-time loop it is virtual time, so timeouts,
+    ``call_later`` and this clock always agree."""
+
+    def monotonic_s(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def wall_s(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
 class ManualClock:
     """A clock moved by hand (unit tests): sleeping waits until ``advance``."""
 
@@ -57,3 +72,4 @@ class ManualClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+LOOP_CLOCK = LoopClock()

@@ -54,6 +54,15 @@ class BookieConfig:
     register_retry_s_max: float = 5.0
     metadata_timeout_s: float = 10.0
 
+    # disk usage and read-only mode
+    disk_usage_threshold: float = 0.95
+    """At this fraction of a disk used, the bookie turns read-only (adds refused, reads served)."""
+    disk_usage_lwm_threshold: float = 0.90
+    """Below this fraction a bookie that turned read-only for disk usage is writable again."""
+    disk_check_interval_s: float = 10.0
+    read_only: bool = False
+    """Start (and stay) read-only, e.g. for maintenance."""
+
     # shutdown
     drain_timeout_s: float = 10.0
 
@@ -62,11 +71,13 @@ class BookieConfig:
                         "journal_group_entries_max", "journal_queue_entries_max",
                         "journal_file_bytes_max", "entry_log_bytes_max",
                         "checkpoint_interval_s", "lease_ttl_s", "connections_max",
-                        "metadata_timeout_s", "drain_timeout_s")
+                        "metadata_timeout_s", "drain_timeout_s", "disk_check_interval_s")
         if self.journal_group_wait_ms_max < 0:
             raise ConfigError("journal_group_wait_ms_max must be >= 0")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if not 0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1:
+            raise ConfigError("need 0 < disk_usage_lwm_threshold <= disk_usage_threshold <= 1")
         if self.lease_ttl_s < 2:
             raise ConfigError("lease_ttl_s must be >= 2 (keep-alives are sent every ttl/3)")
         return self
@@ -85,12 +96,28 @@ class ClientConfig:
     connection_requests_max: int = 100_000
     """Requests in flight on one bookie connection."""
     reconnect_backoff_s_max: float = 2.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    speculative_read_timeout_s: float = 0.5
+    """A read not answered in this time is also sent to the next replica (0: never)."""
+    add_quorum_timeout_s: float = 120.0
+    """An append not acknowledged by an ack quorum in this time fails the handle with
+    TimeoutError (0: no limit).  Slow or dead bookies are replaced long before, after
+    add_timeout_s."""
+    explicit_lac_interval_s: float = 1.0
+    """An idle writer sends its LAC explicitly after this long, so tailing readers see
+    the last entries (0: never)."""
+    ensemble_changes_max: int = 64
+    """Ensemble changes one ledger handle may make before it gives up."""
+    bookie_addresses: dict[str, str] = field(default_factory=dict)
+    """Connect to another ``host:port`` than the bookie id (e.g. a proxy in front of it)."""
 
     def validate(self) -> ClientConfig:
         _check_positive(self, "add_timeout_s", "read_timeout_s", "connect_timeout_s",
                         "metadata_timeout_s", "pending_adds_max", "frame_bytes_max",
-                        "connection_requests_max")
+                        "connection_requests_max", "ensemble_changes_max")
+        for name in ("speculative_read_timeout_s", "add_quorum_timeout_s",
+                     "explicit_lac_interval_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0")
         return self
 
 

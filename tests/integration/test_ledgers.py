@@ -230,20 +230,28 @@ async def test_in_flight_bound_gives_typed_error_and_capacity_wait(cluster: Loca
     await lh.close()
 
 
-async def test_hung_bookie_ack_quorum_and_timeout(cluster: LocalCluster) -> None:
+async def test_hung_bookie_ack_quorum_and_timeouts(cluster: LocalCluster) -> None:
     bk = await cluster.client(add_timeout_s=1.0)
     tolerant = await bk.create_ledger(3, 3, 2)
     strict = await bk.create_ledger(3, 3, 3)
+    slow_bk = await cluster.client(add_timeout_s=60.0, add_quorum_timeout_s=1.0)
+    patient = await slow_bk.create_ledger(3, 3, 3)
     hung = next(b for b in cluster.bookies if b.id == tolerant.metadata.ensembles[0][1][0])
     hung.pause()
     try:
         # Qa=2 of Qw=3: one hung bookie does not stop acknowledgements.
         assert await asyncio.gather(*(tolerant.append(b"t") for _ in range(20))) == list(range(20))
-        # Qa=3: the add cannot complete; it fails with the client's TimeoutError in time.
+        # Qa=3: the bookie times out, an ensemble change is tried, and with no spare
+        # bookie the add fails with NotEnoughBookiesError (and so do later appends).
+        async with asyncio.timeout(10):
+            with pytest.raises(NotEnoughBookiesError):
+                await strict.append(b"s")
+        with pytest.raises(NotEnoughBookiesError):
+            strict.append(b"refused: the handle has failed")
+        # A per-bookie timeout longer than the add quorum timeout: the latter fires.
         async with asyncio.timeout(10):
             with pytest.raises(asyncbk.errors.TimeoutError):
-                await strict.append(b"s")
-        with pytest.raises(asyncbk.errors.TimeoutError):
-            strict.append(b"refused: the handle has failed")
+                await patient.append(b"p")
     finally:
         hung.resume()
+    assert (await bk.ledger_metadata(strict.id)).ensembles == strict.metadata.ensembles

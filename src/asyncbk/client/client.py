@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import random
 import time
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -15,7 +16,7 @@ from ..log import get_logger
 from ..meta.api import BookieRegistration, MetadataStore
 from ..meta.model import DIGESTS, LedgerMetadata, LedgerState, new_metadata
 from ..meta.uri import open_metadata_store
-from ..net.channel import BookieClient
+from ..net.channel import BookieClient, Connector, tcp_connector
 from ..types import BookieId
 from .ledger import LedgerHandle, ReadHandle
 from .placement import RandomPlacement
@@ -58,7 +59,8 @@ class BookieWatcher:
 class BookKeeper:
     """A connected asyncbk client (see API.md).  Use ``await BookKeeper.connect(uri)``."""
 
-    def __init__(self, meta: MetadataStore, config: ClientConfig) -> None:
+    def __init__(self, meta: MetadataStore, config: ClientConfig, *,
+                 connector: Connector | None = None, rng: random.Random | None = None) -> None:
         self.meta = meta
         self.config = config
         self.bookie_client = BookieClient(
@@ -66,8 +68,9 @@ class BookKeeper:
             requests_max=config.connection_requests_max,
             connect_timeout_s=config.connect_timeout_s,
             reconnect_backoff_s_max=config.reconnect_backoff_s_max,
+            connector=connector or tcp_connector(config.bookie_addresses),
         )
-        self.placement = RandomPlacement()
+        self.placement = RandomPlacement(rng)
         self.bookies = BookieWatcher(meta)
         self._log = get_logger()
         self._closed = False

@@ -6,17 +6,33 @@ sends it to the ``Qw`` bookies of its write set and returns a future, all
 without suspending.  Each bookie's acknowledgement is recorded in the add's
 :class:`~asyncbk.client.quorum.AckSet`; adds complete strictly in entry-id
 order from the head of the pending queue, each advancing the LAC, so futures
-resolve in id order.  If an add can no longer reach its ack quorum, the
-handle fails: every pending add fails with the cause and later appends raise
-it (ensemble change on bookie failure arrives with recovery).
+resolve in id order.
 
-Read path: each entry is asked of the first bookie of its write set; on an
-error, a timeout or a digest mismatch the next replica is tried.
+Ensemble change: when a bookie errors, times out or answers READ_ONLY /
+NOT_READY on an add, the handle picks a replacement (not in the ensemble),
+starts a new fragment at ``LAC + 1`` by compare-and-swap on the metadata, and
+re-sends every pending entry whose write set includes a replaced position.
+While the change is being committed no add completes: an add that reached its
+ack quorum with the help of a replaced bookie is no longer complete once the
+new fragment says that position belongs to another bookie, so its
+acknowledgement from the replaced bookie is withdrawn and the entry re-sent.
+A lost compare-and-swap re-reads the metadata; a ledger no longer OPEN (a
+recovery started) fails the pending adds with LedgerFencedError.  No
+replacement available fails them with NotEnoughBookiesError.
+
+A handle that fails (fenced, no replacement, add quorum timeout) fails every
+pending add with the cause and refuses later appends with it.
+
+Read path: each entry is asked of the bookies of its write set in order; the
+next one is tried at once on an error or digest mismatch, and speculatively
+after ``speculative_read_timeout_s`` if the current one is slow.  The first
+good answer wins and the other requests are cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -33,14 +49,17 @@ from ..errors import (
     MetadataVersionError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    NotEnoughBookiesError,
     ReadBeyondLastAddConfirmedError,
+    TimeoutError,
     TooManyRequestsError,
     UnauthorizedAccessError,
     invariant,
 )
 from ..log import get_logger
-from ..meta.model import LedgerMetadata, LedgerState
+from ..meta.model import Ensemble, LedgerMetadata, LedgerState
 from ..proto import (
+    AddFlag,
     AddRequest,
     AddResponse,
     LongPollLacRequest,
@@ -51,8 +70,9 @@ from ..proto import (
     ReadResponse,
     Response,
     Status,
+    WriteLacRequest,
 )
-from ..types import LedgerEntry
+from ..types import BookieId, LedgerEntry
 from .digest import DigestManager, master_key
 from .quorum import AckSet, write_set
 
@@ -61,7 +81,6 @@ if TYPE_CHECKING:
 
 READ_WINDOW_ENTRIES_MAX = 1024
 """Entry reads in flight for one ``read`` call."""
-
 
 _STATUS_ERRORS: dict[int, type[BKError]] = {
     Status.NO_LEDGER: NoSuchLedgerError,
@@ -135,31 +154,46 @@ class ReadHandle:
     async def _read_entry(self, entry_id: int) -> LedgerEntry:
         md = self._metadata
         ensemble = md.ensemble_at(entry_id)
-        positions = write_set(entry_id, md.ensemble_size, md.write_quorum)
+        replicas = [ensemble[p] for p in write_set(entry_id, md.ensemble_size, md.write_quorum)]
+        cfg = self._bk.config
+        speculate_s = cfg.speculative_read_timeout_s or None
         errors: list[BKError] = []
-        timeout_s = self._bk.config.read_timeout_s
-        for pos in positions:
-            bookie = ensemble[pos]
+        inflight: dict[asyncio.Future[Response], BookieId] = {}
+        tried = 0
+
+        def launch() -> None:
+            nonlocal tried
+            bookie = replicas[tried]
+            tried += 1
             ch = self._bk.bookie_client.channel(bookie)
             req = ReadRequest(ch.next_request_id(), md.ledger_id, entry_id, 0, b"")
-            try:
-                resp = await ch.request(req, timeout_s)
-            except BKError as exc:
-                errors.append(exc)
-                continue
-            assert isinstance(resp, ReadResponse)
-            if resp.status != Status.OK:
-                errors.append(status_error(resp.status, f"read {md.ledger_id}:{entry_id} from {bookie}"))
-                continue
-            try:
-                lac, _, payload = self._digest.unseal(entry_id, resp.body)
-            except DigestMismatchError as exc:
-                self._log.warning("digest mismatch, trying another replica", bookie=bookie,
-                                  entry_id=entry_id, error=str(exc))
-                errors.append(exc)
-                continue
-            self._advance_lac(max(lac, resp.lac))
-            return LedgerEntry(md.ledger_id, entry_id, payload)
+            inflight[ch.request(req, cfg.read_timeout_s)] = bookie
+
+        launch()
+        try:
+            while inflight:
+                done, _ = await asyncio.wait(
+                    inflight, timeout=speculate_s if tried < len(replicas) else None,
+                    return_when=asyncio.FIRST_COMPLETED)
+                if not done:  # the current replicas are slow: ask one more
+                    launch()
+                    continue
+                for fut in done:
+                    bookie = inflight.pop(fut)
+                    exc = fut.exception()
+                    if exc is not None:
+                        if not isinstance(exc, BKError):
+                            raise exc
+                        errors.append(exc)
+                    else:
+                        entry = self._accept_read(fut.result(), bookie, entry_id, errors)
+                        if entry is not None:
+                            return entry
+                    if tried < len(replicas):
+                        launch()
+        finally:
+            for fut in inflight:
+                fut.cancel()
         if errors and all(isinstance(e, DigestMismatchError) for e in errors):
             raise DigestMismatchError(
                 f"ledger {md.ledger_id} entry {entry_id}: no replica has a good copy")
@@ -168,6 +202,22 @@ class ReadHandle:
         raise BookieUnavailableError(
             f"ledger {md.ledger_id} entry {entry_id}: no replica could be read "
             f"({'; '.join(str(e) for e in errors)})")
+
+    def _accept_read(self, resp: Response, bookie: BookieId, entry_id: int,
+                     errors: list[BKError]) -> LedgerEntry | None:
+        assert isinstance(resp, ReadResponse)
+        if resp.status != Status.OK:
+            errors.append(status_error(resp.status, f"read {self.id}:{entry_id} from {bookie}"))
+            return None
+        try:
+            lac, _, payload = self._digest.unseal(entry_id, resp.body)
+        except DigestMismatchError as exc:
+            self._log.warning("digest mismatch, reading another replica", bookie=bookie,
+                              entry_id=entry_id, error=str(exc))
+            errors.append(exc)
+            return None
+        self._advance_lac(max(lac, resp.lac))
+        return LedgerEntry(self.id, entry_id, payload)
 
     async def read_last_add_confirmed(self) -> int:
         """Ask the bookies for the LAC (the highest any of them knows); updates and returns it."""
@@ -199,11 +249,9 @@ class ReadHandle:
 
     async def wait_for_lac(self, after: int, timeout: float) -> int:  # noqa: ASYNC109 (API.md)
         """Long-poll the bookies until the LAC passes ``after`` or ``timeout`` seconds pass."""
-        if self._lac > after:
+        if self._lac > after or self._metadata.is_closed:
             return self._lac
         md = self._metadata
-        if md.is_closed:
-            return self._lac
         ensemble = md.ensembles[-1][1]
         timeout_ms = max(0, int(timeout * 1000))
         grace_s = self._bk.config.read_timeout_s
@@ -223,7 +271,7 @@ class ReadHandle:
                             r = f.result()
                             if isinstance(r, LongPollLacResponse) and r.status == Status.OK:
                                 self._advance_lac(r.lac)
-        except TimeoutError:
+        except builtins.TimeoutError:
             pass
         finally:
             for f in pending:
@@ -259,101 +307,170 @@ class ReadHandle:
 
 
 class _PendingAdd:
-    __slots__ = ("acks", "entry_id", "future", "payload_bytes")
+    __slots__ = ("acks", "body", "entry_id", "future", "sent", "submitted_s", "total_length")
 
-    def __init__(self, entry_id: int, payload_bytes: int, acks: AckSet,
-                 future: asyncio.Future[int]) -> None:
+    def __init__(self, entry_id: int, total_length: int, body: bytes, acks: AckSet,
+                 future: asyncio.Future[int], submitted_s: float) -> None:
         self.entry_id = entry_id
-        self.payload_bytes = payload_bytes
+        self.total_length = total_length
+        self.body = body
         self.acks = acks
         self.future = future
+        self.sent = False
+        self.submitted_s = submitted_s
 
 
 class LedgerHandle(ReadHandle):
-    """The single writer's handle of an open ledger (it can read too)."""
+    """The single writer's handle of an open ledger (it can read too).
 
-    def __init__(self, bk: BookKeeper, metadata: LedgerMetadata, password: bytes) -> None:
+    With ``recovery=True`` it is the recovery's writer: it re-writes recovered
+    entries with the RECOVERY_ADD flag into an IN_RECOVERY ledger and closes it.
+    """
+
+    def __init__(self, bk: BookKeeper, metadata: LedgerMetadata, password: bytes, *,
+                 recovery: bool = False, lac: int = -1, length: int = 0) -> None:
         super().__init__(bk, metadata, password)
         self._loop = asyncio.get_running_loop()
-        self._next_entry_id = 0
-        self._length = metadata.length
-        self._submitted_length = metadata.length
+        self._recovery = recovery
+        self._add_flags = AddFlag.RECOVERY_ADD if recovery else AddFlag.NONE
+        self._writable_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
+        self._lac = lac
+        self._next_entry_id = lac + 1
+        self._length = length
+        self._submitted_length = length
         self._pending: collections.deque[_PendingAdd] = collections.deque()
         self._error: BKError | None = None
-        self._closing: asyncio.Task[None] | None = None
+        self._closing: asyncio.Future[None] | None = None
         self._capacity = asyncio.Event()
         self._capacity.set()
         self._pending_max = bk.config.pending_adds_max
+        self._failed_positions: dict[int, BKError] = {}
+        self._failed_bookies: set[BookieId] = set()
+        self._change_task: asyncio.Task[None] | None = None
+        self.ensemble_changes = 0
+        self._lac_sent = lac
+        self._explicit_lac_handle: asyncio.TimerHandle | None = None
+        self._quorum_timer: asyncio.TimerHandle | None = None
 
     @property
     def pending_adds(self) -> int:
         return len(self._pending)
 
+    # ------------------------------------------------------------------ append
+
     def append(self, data: bytes) -> asyncio.Future[int]:
         """Submit ``data`` now; the returned future resolves to its entry id once
         ``ack_quorum`` bookies have made it durable."""
+        if self._recovery:
+            raise LedgerClosedError(f"ledger {self.id} is being recovered")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"append takes bytes, not {type(data).__name__}")
+        payload = bytes(data)
+        entry_id = self._next_entry_id
+        total_length = self._submitted_length + len(payload)
+        self._check_appendable()
+        body = self._digest.seal(entry_id, self._lac, total_length, payload)
+        self._submitted_length = total_length
+        return self._enqueue(entry_id, total_length, body)
+
+    def append_recovered(self, entry_id: int, body: bytes, total_length: int) -> asyncio.Future[int]:
+        """Recovery: re-write an entry read back from the bookies, byte for byte."""
+        invariant(self._recovery, "append_recovered on a writer handle")
+        invariant(entry_id == self._next_entry_id,
+                  f"recovered entry {entry_id}, expected {self._next_entry_id}")
+        self._check_appendable()
+        self._submitted_length = total_length
+        return self._enqueue(entry_id, total_length, body)
+
+    def _check_appendable(self) -> None:
         if self._closing is not None:
             raise LedgerClosedError(f"ledger {self.id} is closed")
         if self._error is not None:
             raise self._error
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"append takes bytes, not {type(data).__name__}")
         if len(self._pending) >= self._pending_max:
             raise TooManyRequestsError(
                 f"ledger {self.id}: {len(self._pending)} appends in flight (pending_adds_max); "
                 "await earlier appends or wait_for_capacity()")
-        payload = bytes(data)
+
+    def _enqueue(self, entry_id: int, total_length: int, body: bytes) -> asyncio.Future[int]:
         md = self._metadata
-        entry_id = self._next_entry_id
-        self._next_entry_id += 1
-        self._submitted_length += len(payload)
-        body = self._digest.seal(entry_id, self._lac, self._submitted_length, payload)
+        self._next_entry_id = entry_id + 1
         fut: asyncio.Future[int] = self._loop.create_future()
-        op = _PendingAdd(entry_id, len(payload), AckSet(md.write_quorum, md.ack_quorum), fut)
+        op = _PendingAdd(entry_id, total_length, body, AckSet(md.write_quorum, md.ack_quorum),
+                         fut, self._loop.time())
         self._pending.append(op)
         if len(self._pending) >= self._pending_max:
             self._capacity.clear()
-        ensemble = md.ensembles[-1][1]
-        client = self._bk.bookie_client
-        timeout_s = self._bk.config.add_timeout_s
-        for pos in write_set(entry_id, md.ensemble_size, md.write_quorum):
-            ch = client.channel(ensemble[pos])
-            req = AddRequest(ch.next_request_id(), md.ledger_id, entry_id, self._master_key, 0,
-                             self._lac, body)
-            ch.send(req, _AddCallback(self, op, pos), timeout_s)
+        if self._change_task is None:
+            self._send(op, write_set(entry_id, md.ensemble_size, md.write_quorum))
+        if self._quorum_timer is None and self._bk.config.add_quorum_timeout_s:
+            self._arm_quorum_timer()
         return fut
 
     async def wait_for_capacity(self) -> None:
         """Wait until ``append`` would not raise TooManyRequestsError."""
         await self._capacity.wait()
 
-    def _on_add_response(self, op: _PendingAdd, position: int, result: Response | BKError) -> None:
-        if op.future.done():
+    def _send(self, op: _PendingAdd, positions: list[int]) -> None:
+        op.sent = True
+        md = self._metadata
+        ensemble = md.ensembles[-1][1]
+        client = self._bk.bookie_client
+        timeout_s = self._bk.config.add_timeout_s
+        lac = self._lac
+        self._lac_sent = max(self._lac_sent, lac)
+        for pos in positions:
+            bookie = ensemble[pos]
+            ch = client.channel(bookie)
+            req = AddRequest(ch.next_request_id(), md.ledger_id, op.entry_id, self._master_key,
+                             self._add_flags, lac, op.body)
+            ch.send(req, _AddCallback(self, op, pos, bookie), timeout_s)
+
+    # ------------------------------------------------------------------ responses
+
+    def _on_add_response(self, op: _PendingAdd, position: int, bookie: BookieId,
+                         result: Response | BKError) -> None:
+        if op.future.done() or self._error is not None:
             return
+        if self._metadata.ensembles[-1][1][position] != bookie:
+            return  # that position was given to another bookie since: stale answer
         if isinstance(result, AddResponse) and result.status == Status.OK:
-            if op.acks.ack(position) and self._pending and self._pending[0] is op:
+            op.acks.ack(position)
+            if self._change_task is None and self._pending and self._pending[0] is op:
                 self._complete_head()
             return
-        bookie = self._metadata.ensembles[-1][1][position]
         error = (result if isinstance(result, BKError)
                  else status_error(result.status, f"add {self.id}:{op.entry_id} to {bookie}"))
-        if isinstance(error, (LedgerFencedError, UnauthorizedAccessError)) or op.acks.fail(position):
-            self._log.warning("add failed, ledger handle unusable", entry_id=op.entry_id,
+        if isinstance(error, (LedgerFencedError, UnauthorizedAccessError, BadRequestError)):
+            self._log.warning("add refused, ledger handle unusable", entry_id=op.entry_id,
                               bookie=bookie, error=str(error))
             self._fail(error)
+            return
+        # A bookie-level failure: replace the bookie.
+        if position not in self._failed_positions:
+            self._log.info("bookie failed an add, changing ensemble", bookie=bookie,
+                           entry_id=op.entry_id, error=str(error))
+            self._failed_positions[position] = error
+            self._failed_bookies.add(bookie)
+        if self._change_task is None:
+            self._change_task = self._loop.create_task(self._change_ensemble())
 
     def _complete_head(self) -> None:
         pending = self._pending
+        released = False
         while pending and pending[0].acks.complete:
             op = pending.popleft()
             invariant(op.entry_id == self._lac + 1,
                       f"ledger {self.id}: completing entry {op.entry_id} after LAC {self._lac}")
             self._lac = op.entry_id
-            self._length += op.payload_bytes
+            self._length = op.total_length
+            released = True
             if not op.future.done():
                 op.future.set_result(op.entry_id)
         if len(pending) < self._pending_max:
             self._capacity.set()
+        if released:
+            self._schedule_explicit_lac()
 
     def _fail(self, error: BKError) -> None:
         if self._error is None:
@@ -365,6 +482,129 @@ class LedgerHandle(ReadHandle):
                 # The application may never await a failed append; don't warn about it.
                 op.future.exception()
         self._capacity.set()
+        self._cancel_timers()
+
+    # ------------------------------------------------------------------ ensemble change
+
+    async def _change_ensemble(self) -> None:
+        try:
+            while self._failed_positions and self._error is None:
+                if self.ensemble_changes >= self._bk.config.ensemble_changes_max:
+                    raise NotEnoughBookiesError(
+                        f"ledger {self.id}: {self.ensemble_changes} ensemble changes already "
+                        "(ensemble_changes_max); giving up")
+                failed = dict(self._failed_positions)
+                md = self._metadata
+                ensemble = list(md.ensembles[-1][1])
+                writable = await self._bk.bookies.writable(self._bk.config.metadata_timeout_s)
+                replacements = self._bk.placement.new_ensemble(
+                    len(failed), writable, exclude=set(ensemble) | self._failed_bookies)
+                for pos, bookie in zip(sorted(failed), replacements, strict=True):
+                    ensemble[pos] = bookie
+                first = self._lac + 1
+                old = md.ensembles[-1][1]
+                self._metadata = await self._commit_ensemble(first, tuple(ensemble))
+                self.ensemble_changes += 1
+                for pos in failed:
+                    self._failed_positions.pop(pos, None)
+                self._log.info("ensemble changed", first_entry_id=first, old=list(old),
+                               new=list(ensemble), replaced=[old[p] for p in sorted(failed)])
+                self._resend_after_change(set(failed))
+        except BKError as exc:
+            self._log.warning("ensemble change failed", error=str(exc))
+            self._fail(exc)
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                self._fail(BookieUnavailableError(f"ensemble change failed: {exc!r}"))
+            raise
+        finally:
+            self._change_task = None
+        if self._error is None:
+            self._complete_head()
+
+    def _resend_after_change(self, replaced: set[int]) -> None:
+        md = self._metadata
+        for op in list(self._pending):
+            positions = write_set(op.entry_id, md.ensemble_size, md.write_quorum)
+            if not op.sent:
+                self._send(op, positions)
+                continue
+            again = [p for p in positions if p in replaced]
+            for p in again:
+                op.acks.unack(p)
+            if again:
+                self._send(op, again)
+
+    async def _commit_ensemble(self, first: int, ensemble: Ensemble) -> LedgerMetadata:
+        md = self._metadata
+        while True:
+            if md.state is not self._writable_state:
+                if md.state is LedgerState.CLOSED:
+                    raise LedgerClosedError(f"ledger {self.id} was closed by someone else")
+                raise LedgerFencedError(
+                    f"ledger {self.id} is {md.state.value}: another client is recovering it")
+            fragments = list(md.ensembles)
+            last_first, last_ensemble = fragments[-1]
+            invariant(last_first <= first,
+                      f"ledger {self.id}: new fragment at {first} before the last at {last_first}")
+            if last_ensemble == ensemble:
+                return md  # our own earlier write landed
+            if last_first == first:
+                fragments[-1] = (first, ensemble)
+            else:
+                fragments.append((first, ensemble))
+            try:
+                return await self._bk.meta.update_ledger(md.replace(ensembles=tuple(fragments)))
+            except MetadataVersionError:
+                md = await self._bk.meta.read_ledger(self.id)
+
+    # ------------------------------------------------------------------ timers
+
+    def _arm_quorum_timer(self) -> None:
+        self._quorum_timer = self._loop.call_later(
+            max(0.05, self._bk.config.add_quorum_timeout_s / 4), self._check_quorum_timeout)
+
+    def _check_quorum_timeout(self) -> None:
+        self._quorum_timer = None
+        if not self._pending or self._error is not None:
+            return
+        head = self._pending[0]
+        limit_s = self._bk.config.add_quorum_timeout_s
+        if self._loop.time() - head.submitted_s >= limit_s:
+            self._log.warning("add not acknowledged by an ack quorum in time",
+                              entry_id=head.entry_id, limit_s=limit_s)
+            self._fail(TimeoutError(
+                f"ledger {self.id}: entry {head.entry_id} not acknowledged by "
+                f"{self._metadata.ack_quorum} bookies within {limit_s}s"))
+            return
+        self._arm_quorum_timer()
+
+    def _schedule_explicit_lac(self) -> None:
+        interval_s = self._bk.config.explicit_lac_interval_s
+        if interval_s and self._explicit_lac_handle is None and self._closing is None:
+            self._explicit_lac_handle = self._loop.call_later(interval_s, self._send_explicit_lac)
+
+    def _send_explicit_lac(self) -> None:
+        """Idle writer: tell the bookies the LAC that no later add has piggybacked."""
+        self._explicit_lac_handle = None
+        if self._error is not None or self._lac <= self._lac_sent:
+            return
+        lac = self._lac
+        self._lac_sent = lac
+        md = self._metadata
+        for bookie in md.ensembles[-1][1]:
+            ch = self._bk.bookie_client.channel(bookie)
+            ch.send(WriteLacRequest(ch.next_request_id(), md.ledger_id, self._master_key, lac),
+                    _ignore, self._bk.config.add_timeout_s)
+
+    def _cancel_timers(self) -> None:
+        for handle in (self._explicit_lac_handle, self._quorum_timer):
+            if handle is not None:
+                handle.cancel()
+        self._explicit_lac_handle = None
+        self._quorum_timer = None
+
+    # ------------------------------------------------------------------ close
 
     async def close(self) -> None:
         """Wait for appends in flight, then seal the ledger in metadata (CLOSED, last entry
@@ -373,40 +613,69 @@ class LedgerHandle(ReadHandle):
             self._closing = self._loop.create_task(self._close())
         await asyncio.shield(self._closing)
 
+    async def close_quietly(self) -> None:
+        """Abandon the handle without touching metadata: pending appends fail, timers
+        and any ensemble change in progress stop."""
+        if self._error is None:
+            self._fail(LedgerClosedError(f"ledger {self.id}: handle abandoned"))
+        if self._closing is None:  # refuse appends; a later close() returns at once
+            self._closing = self._loop.create_future()
+            self._closing.set_result(None)
+        task = self._change_task
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+        self._cancel_timers()
+
     async def _close(self) -> None:
-        if self._pending:
-            await asyncio.gather(*(op.future for op in list(self._pending)),
-                                 return_exceptions=True)
-        if isinstance(self._error, LedgerFencedError):
-            raise self._error
-        md = self._metadata
-        while True:
-            if md.state is LedgerState.CLOSED:
-                if md.last_entry_id != self._lac:
+        try:
+            if self._pending:
+                await asyncio.wait([op.future for op in list(self._pending)])
+            if self._change_task is not None:
+                await asyncio.wait([self._change_task])
+            if isinstance(self._error, (LedgerFencedError, LedgerClosedError)) or (
+                    self._recovery and self._error is not None):
+                raise self._error
+            md = self._metadata
+            while True:
+                if md.state is LedgerState.CLOSED:
+                    if self._recovery:
+                        break  # another recoverer finished first: take its result
+                    if md.last_entry_id != self._lac:
+                        raise LedgerFencedError(
+                            f"ledger {self.id} was closed by someone else at entry "
+                            f"{md.last_entry_id}, this writer had {self._lac}")
+                    break
+                if md.state is not self._writable_state:
                     raise LedgerFencedError(
-                        f"ledger {self.id} was closed by someone else at entry "
-                        f"{md.last_entry_id}, this writer had {self._lac}")
+                        f"ledger {self.id} is being recovered by another client")
+                try:
+                    md = await self._bk.meta.update_ledger(md.replace(
+                        state=LedgerState.CLOSED, last_entry_id=self._lac, length=self._length))
+                except MetadataVersionError:
+                    md = await self._bk.meta.read_ledger(self.id)
+                    continue
                 break
-            if md.state is LedgerState.IN_RECOVERY:
-                raise LedgerFencedError(f"ledger {self.id} is being recovered by another client")
-            try:
-                md = await self._bk.meta.update_ledger(md.replace(
-                    state=LedgerState.CLOSED, last_entry_id=self._lac, length=self._length))
-            except MetadataVersionError:
-                md = await self._bk.meta.read_ledger(self.id)
-                continue
-            break
-        self._metadata = md
-        self._log.info("ledger closed", last_entry_id=self._lac, length=self._length)
+            self._metadata = md
+            self._log.info("ledger closed", last_entry_id=md.last_entry_id, length=md.length,
+                           recovery=self._recovery)
+        finally:
+            self._cancel_timers()
 
 
 class _AddCallback:
-    __slots__ = ("handle", "op", "position")
+    __slots__ = ("bookie", "handle", "op", "position")
 
-    def __init__(self, handle: LedgerHandle, op: _PendingAdd, position: int) -> None:
+    def __init__(self, handle: LedgerHandle, op: _PendingAdd, position: int,
+                 bookie: BookieId) -> None:
         self.handle = handle
         self.op = op
         self.position = position
+        self.bookie = bookie
 
     def __call__(self, result: Any) -> None:
-        self.handle._on_add_response(self.op, self.position, result)
+        self.handle._on_add_response(self.op, self.position, self.bookie, result)
+
+
+def _ignore(result: Any) -> None:
+    """Explicit LAC writes are best effort: the next one, or the next add, carries it."""

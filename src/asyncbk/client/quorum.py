@@ -37,6 +37,11 @@ class AckSet:
         self._failed &= ~(1 << position)
         return self.complete
 
+    def unack(self, position: int) -> None:
+        """Withdraw an ack: after an ensemble change that position is another bookie,
+        which does not have the entry yet."""
+        self._acked &= ~(1 << position)
+
     def fail(self, position: int) -> bool:
         """Record a failure; True if the ack quorum can no longer be reached."""
         if not self._acked >> position & 1:

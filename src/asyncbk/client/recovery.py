@@ -9,17 +9,22 @@ Steps (BookKeeper's ledger recovery protocol):
    fragment.  A fenced bookie refuses the old writer's adds; once enough
    bookies of *every* write set answered (``Qw - Qa + 1`` of each), no add of
    the old writer can reach its ack quorum any more.  The answers also give
-   the highest LAC any of them knows (piggybacked on entries).
-3. Read forward from that LAC: each entry is read from its whole write set;
-   an entry found anywhere (with a good digest) is recovered and re-written
-   to its write set with the RECOVERY_ADD flag; the first entry that is
-   missing (NO_ENTRY) on at least ``Qw - Qa + 1`` bookies of its write set
-   cannot have been acknowledged, and ends the ledger.  If neither can be
-   decided (bookies unreachable), recovery fails and the ledger stays open:
-   it never closes short.
+   the highest LAC any of them knows (piggybacked on entries, or explicit).
+3. Read forward from that LAC (or from the start of the last fragment, if
+   later: entries before a fragment change were all acknowledged).  Each entry
+   is read from its whole write set, with the FENCE flag too (a bookie that
+   missed the first round must not accept the old writer's adds after
+   answering us).  An entry found anywhere with a good digest is recovered and
+   re-written to its write set with the RECOVERY_ADD flag (through a
+   recovery-mode :class:`LedgerHandle`, so a failing bookie is replaced by an
+   ensemble change).  The first entry missing (NO_ENTRY / NO_LEDGER) on at
+   least ``Qw - Qa + 1`` bookies of its write set cannot have been
+   acknowledged and ends the ledger.  If that cannot be decided (bookies
+   unreachable), recovery fails and the ledger stays in recovery: it never
+   closes short.
 4. Close by compare-and-swap with the recovered last entry id and length
-   (taken from the last entry's envelope); on a lost race re-read: a ledger
-   someone else closed meanwhile is taken as it is.
+   (the length comes from the last entry's envelope); a ledger someone else
+   closed meanwhile is taken as it is.
 """
 
 from __future__ import annotations
@@ -32,14 +37,13 @@ from ..errors import (
     BookieUnavailableError,
     DigestMismatchError,
     MetadataVersionError,
-    NoSuchLedgerError,
     UnauthorizedAccessError,
 )
 from ..log import get_logger
 from ..meta.model import LedgerMetadata, LedgerState
-from ..proto import AddFlag, AddRequest, AddResponse, ReadFlag, ReadRequest, ReadResponse, Status
+from ..proto import ReadFlag, ReadRequest, ReadResponse, Status
 from .digest import DigestManager, master_key
-from .ledger import status_error
+from .ledger import LedgerHandle
 from .quorum import write_set
 
 if TYPE_CHECKING:
@@ -50,6 +54,7 @@ class LedgerRecoveryOp:
     def __init__(self, bk: BookKeeper, md: LedgerMetadata, password: bytes) -> None:
         self._bk = bk
         self._md = md
+        self._password = password
         self._digest = DigestManager(md.ledger_id, md.digest, password)
         self._master_key = master_key(password)
         self._log = get_logger(ledger_id=md.ledger_id)
@@ -58,29 +63,38 @@ class LedgerRecoveryOp:
         md = await self._mark_in_recovery(self._md)
         if md.is_closed:
             return md
-        first_of_fragment = md.ensembles[-1][0]
-        lac, lac_length = await self._fence_and_read_lac(md)
-        # Entries before the last fragment were acknowledged (an ensemble change
-        # happens only past the LAC), so the recovery point is at least there.
-        last, length = lac, lac_length
-        if first_of_fragment - 1 > lac:
-            last = first_of_fragment - 1
-            found = await self._read_for_recovery(md, last)
+        lac, length = await self._fence_and_read_lac(md)
+        first_of_last_fragment = md.ensembles[-1][0]
+        if first_of_last_fragment - 1 > lac:
+            lac = first_of_last_fragment - 1
+            found = await self._read_for_recovery(md, lac)
             if found is None:
                 raise BookieUnavailableError(
-                    f"ledger {md.ledger_id}: entry {last}, before the last fragment, is missing")
+                    f"ledger {md.ledger_id}: entry {lac}, before the last fragment, is missing")
             length = found[1]
-        entry_id = last + 1
-        while True:
-            found = await self._read_for_recovery(md, entry_id)
-            if found is None:
-                break
-            body, total_length = found
-            await self._rewrite(md, entry_id, body)
-            last, length = entry_id, total_length
-            entry_id += 1
-        self._log.info("recovered ledger", last_entry_id=last, length=length, lac_read=lac)
-        return await self._close(md, last, length)
+        writer = LedgerHandle(self._bk, md, self._password, recovery=True, lac=lac,
+                              length=length)
+        entry_id = lac + 1
+        try:
+            while True:
+                # Reads use the metadata as it was: a fragment the writer adds while
+                # re-writing holds only what it re-wrote.
+                found = await self._read_for_recovery(md, entry_id)
+                if found is None:
+                    break
+                body, total_length = found
+                if writer.pending_adds >= self._bk.config.pending_adds_max:
+                    await writer.wait_for_capacity()
+                writer.append_recovered(entry_id, body, total_length)
+                entry_id += 1
+        except BaseException:
+            await writer.close_quietly()
+            raise
+        await writer.close()
+        closed = writer.metadata
+        self._log.info("recovered ledger", lac_read=lac, last_entry_id=closed.last_entry_id,
+                       length=closed.length, ensemble_changes=writer.ensemble_changes)
+        return closed
 
     async def _mark_in_recovery(self, md: LedgerMetadata) -> LedgerMetadata:
         while md.state is LedgerState.OPEN:
@@ -91,6 +105,7 @@ class LedgerRecoveryOp:
         return md
 
     async def _fence_and_read_lac(self, md: LedgerMetadata) -> tuple[int, int]:
+        """Fence the last fragment; the highest LAC known and the ledger length at it."""
         ensemble = md.ensembles[-1][1]
         timeout_s = self._bk.config.read_timeout_s
         futs = []
@@ -100,7 +115,7 @@ class LedgerRecoveryOp:
                                                ReadFlag.FENCE, self._master_key), timeout_s))
         results = await asyncio.gather(*futs, return_exceptions=True)
         answered: set[int] = set()
-        lac, lac_length = -1, 0
+        lac = -1
         errors: list[str] = []
         for pos, r in enumerate(results):
             if isinstance(r, BaseException):
@@ -114,16 +129,15 @@ class LedgerRecoveryOp:
             if r.status not in (Status.OK, Status.NO_ENTRY, Status.NO_LEDGER):
                 errors.append(f"{ensemble[pos]}: {Status(r.status).name}")
                 continue
-            answered.add(pos)
-            lac = max(lac, r.lac)
             if r.status == Status.OK:
                 try:
-                    entry_lac, total_length, _ = self._digest.unseal(r.entry_id, r.body)
+                    entry_lac, _, _ = self._digest.unseal(r.entry_id, r.body)
                 except DigestMismatchError as exc:
                     errors.append(f"{ensemble[pos]}: {exc}")
                     continue
-                if entry_lac > lac:
-                    lac = entry_lac
+                lac = max(lac, entry_lac)
+            answered.add(pos)
+            lac = max(lac, r.lac)
         needed = md.write_quorum - md.ack_quorum + 1
         for start in range(md.ensemble_size):
             covered = sum(1 for p in write_set(start, md.ensemble_size, md.write_quorum)
@@ -131,13 +145,15 @@ class LedgerRecoveryOp:
             if covered < needed:
                 raise BookieUnavailableError(
                     f"ledger {md.ledger_id}: could not fence enough bookies to recover "
-                    f"({'; '.join(errors) or 'no answers'}); the ledger stays open, retry later")
-        if lac >= 0:
-            lac_length = (await self._read_for_recovery(md, lac) or (b"", -1))[1]
-            if lac_length < 0:
-                raise BookieUnavailableError(
-                    f"ledger {md.ledger_id}: entry {lac} (the LAC) could not be read back")
-        return lac, lac_length
+                    f"({'; '.join(errors) or 'no answers'}); the ledger stays in recovery, "
+                    "retry later")
+        if lac < 0:
+            return -1, 0
+        found = await self._read_for_recovery(md, lac)
+        if found is None:
+            raise BookieUnavailableError(
+                f"ledger {md.ledger_id}: entry {lac} (the LAC) is missing on its bookies")
+        return lac, found[1]
 
     async def _read_for_recovery(self, md: LedgerMetadata, entry_id: int) -> tuple[bytes, int] | None:
         """The body and total length of ``entry_id`` if any replica has it; None if enough
@@ -148,8 +164,6 @@ class LedgerRecoveryOp:
         futs = []
         for pos in positions:
             ch = self._bk.bookie_client.channel(ensemble[pos])
-            # Recovery reads fence too: a bookie that missed the fence (it was down)
-            # must not accept the old writer's adds once it answers us.
             futs.append(ch.request(ReadRequest(ch.next_request_id(), md.ledger_id, entry_id,
                                                ReadFlag.FENCE, self._master_key), timeout_s))
         results = await asyncio.gather(*futs, return_exceptions=True)
@@ -177,37 +191,4 @@ class LedgerRecoveryOp:
             return None
         raise BookieUnavailableError(
             f"ledger {md.ledger_id}: cannot tell whether entry {entry_id} exists "
-            f"({'; '.join(errors)}); the ledger stays open, retry recovery later")
-
-    async def _rewrite(self, md: LedgerMetadata, entry_id: int, body: bytes) -> None:
-        ensemble = md.ensemble_at(entry_id)
-        timeout_s = self._bk.config.add_timeout_s
-        futs = []
-        for pos in write_set(entry_id, md.ensemble_size, md.write_quorum):
-            ch = self._bk.bookie_client.channel(ensemble[pos])
-            futs.append(ch.request(AddRequest(ch.next_request_id(), md.ledger_id, entry_id,
-                                              self._master_key, AddFlag.RECOVERY_ADD, -1, body),
-                                   timeout_s))
-        results = await asyncio.gather(*futs, return_exceptions=True)
-        acks = sum(1 for r in results if isinstance(r, AddResponse) and r.status == Status.OK)
-        if acks < md.ack_quorum:
-            detail = "; ".join(
-                str(r) if isinstance(r, BaseException)
-                else str(status_error(r.status, "recovery add")) for r in results
-                if not (isinstance(r, AddResponse) and r.status == Status.OK))
-            raise BookieUnavailableError(
-                f"ledger {md.ledger_id}: could not re-replicate entry {entry_id} to an ack "
-                f"quorum ({detail}); the ledger stays open, retry recovery later")
-
-    async def _close(self, md: LedgerMetadata, last: int, length: int) -> LedgerMetadata:
-        while True:
-            if md.is_closed:
-                return md
-            try:
-                return await self._bk.meta.update_ledger(md.replace(
-                    state=LedgerState.CLOSED, last_entry_id=last, length=length))
-            except MetadataVersionError:
-                md = await self._bk.meta.read_ledger(md.ledger_id)
-            except NoSuchLedgerError:
-                raise
-
+            f"({'; '.join(errors)}); the ledger stays in recovery, retry later")

@@ -22,10 +22,9 @@ import builtins
 import contextlib
 import itertools
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import (
     BKError,
     BookieUnavailableError,
@@ -38,6 +37,21 @@ from ..proto import FrameDecoder, Request, Response, decode_response, encode_req
 from ..types import BookieId, parse_bookie_id
 
 Callback = Callable[[Response | BKError], None]
+Connector = Callable[[BookieId, Callable[[], asyncio.Protocol]], Awaitable[Any]]
+"""Opens a connection to a bookie and attaches the protocol made by the factory
+(TCP by default; the simulator and fault proxies plug in their own)."""
+
+
+def tcp_connector(address_map: dict[BookieId, str] | None = None) -> Connector:
+    """Connect over TCP to the bookie id's ``host:port`` (or its entry in ``address_map``,
+    e.g. a fault-injecting proxy in front of it)."""
+    overrides = dict(address_map or {})
+
+    async def connect(bookie_id: BookieId, factory: Callable[[], asyncio.Protocol]) -> Any:
+        host, port = parse_bookie_id(overrides.get(bookie_id, bookie_id))
+        return await asyncio.get_running_loop().create_connection(factory, host, port)
+
+    return connect
 
 _SWEEP_INTERVAL_S = 0.05
 
@@ -61,15 +75,14 @@ class BookieChannel(asyncio.Protocol):
         requests_max: int,
         connect_timeout_s: float,
         reconnect_backoff_s_max: float,
-        clock: Clock = SYSTEM_CLOCK,
+        connector: Connector | None = None,
     ) -> None:
         self.bookie_id = bookie_id
-        self._host, self._port = parse_bookie_id(bookie_id)
+        self._connector = connector or tcp_connector()
         self._frame_bytes_max = frame_bytes_max
         self._requests_max = requests_max
         self._connect_timeout_s = connect_timeout_s
         self._backoff_s_max = reconnect_backoff_s_max
-        self._clock = clock
         self._log = get_logger(bookie_id=bookie_id)
         self._loop = asyncio.get_running_loop()
         self._request_ids = itertools.count(1)
@@ -112,7 +125,7 @@ class BookieChannel(asyncio.Protocol):
                 f"{len(self._pending)} requests already in flight to bookie {self.bookie_id}"))
             return
         if self._transport is None and self._connect_task is None:
-            now = self._clock.monotonic_s()
+            now = self._loop.time()
             if now < self._retry_at_s:
                 callback(BookieUnavailableError(
                     f"bookie {self.bookie_id} is unreachable ({self._last_error}); "
@@ -120,7 +133,7 @@ class BookieChannel(asyncio.Protocol):
                 return
             self._connect_task = self._loop.create_task(self._connect())
         self._pending[request.request_id] = _Pending(
-            callback, self._clock.monotonic_s() + timeout_s)
+            callback, self._loop.time() + timeout_s)
         self._unsent.append(encode_request(request))
         if self._transport is not None and not self._flush_scheduled:
             self._flush_scheduled = True
@@ -141,7 +154,14 @@ class BookieChannel(asyncio.Protocol):
                 fut.set_result(result)
 
         self.send(request, done, timeout_s)
+        if not fut.done():
+            rid = request.request_id
+            fut.add_done_callback(lambda f: self.cancel(rid) if f.cancelled() else None)
         return fut
+
+    def cancel(self, request_id: int) -> None:
+        """Forget a request in flight: its response, if any comes, is dropped."""
+        self._pending.pop(request_id, None)
 
     async def close(self) -> None:
         """Fail everything pending and close the socket."""
@@ -162,7 +182,7 @@ class BookieChannel(asyncio.Protocol):
     async def _connect(self) -> None:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                await self._loop.create_connection(lambda: self, self._host, self._port)
+                await self._connector(self.bookie_id, lambda: self)
         except asyncio.CancelledError:
             self._connect_task = None
             raise
@@ -170,7 +190,7 @@ class BookieChannel(asyncio.Protocol):
             self._connect_task = None
             self._last_error = exc
             self._backoff_s = min(self._backoff_s_max, max(0.05, self._backoff_s * 2))
-            self._retry_at_s = self._clock.monotonic_s() + self._backoff_s
+            self._retry_at_s = self._loop.time() + self._backoff_s
             self._log.debug("bookie connect failed", error=str(exc), backoff_s=self._backoff_s)
             self._fail_all(BookieUnavailableError(
                 f"cannot connect to bookie {self.bookie_id}: {exc or type(exc).__name__}"))
@@ -241,7 +261,7 @@ class BookieChannel(asyncio.Protocol):
         self._sweep_handle = None
         if not self._pending:
             return
-        now = self._clock.monotonic_s()
+        now = self._loop.time()
         expired = [rid for rid, p in self._pending.items() if p.deadline_s <= now]
         for rid in expired:
             entry = self._pending.pop(rid)
@@ -260,14 +280,14 @@ class BookieClient:
         requests_max: int,
         connect_timeout_s: float,
         reconnect_backoff_s_max: float,
-        clock: Clock = SYSTEM_CLOCK,
+        connector: Connector | None = None,
     ) -> None:
         self._kw: dict[str, Any] = dict(
             frame_bytes_max=frame_bytes_max,
             requests_max=requests_max,
             connect_timeout_s=connect_timeout_s,
             reconnect_backoff_s_max=reconnect_backoff_s_max,
-            clock=clock,
+            connector=connector,
         )
         self._channels: dict[BookieId, BookieChannel] = {}
         self._closed = False
