@@ -49,6 +49,8 @@ class BookieServer:
         self.registration: Registration | None = None
         self._stopped = asyncio.Event()
         self._stopping = False
+        self._disk_task: asyncio.Task[None] | None = None
+        self.read_only_for_disk = False
 
     async def start(self) -> None:
         cfg = self.config
@@ -74,11 +76,37 @@ class BookieServer:
                 retry_s_max=cfg.register_retry_s_max,
                 log=self.log,
             )
+            self.registration.readonly = cfg.read_only
             await self.registration.start()
+            self._disk_task = asyncio.get_running_loop().create_task(self._watch_disk())
         except BaseException:
             await self._close_parts()
             raise
         self.log.info("bookie started", journal_dir=cfg.journal_dir, ledger_dir=cfg.ledger_dir)
+
+    async def _watch_disk(self) -> None:
+        """Turn read-only when a disk is nearly full, writable again below the low mark."""
+        cfg = self.config
+        assert self.storage is not None and self.registration is not None
+        while True:
+            free, total = self.storage.disk_usage()  # cached by storage, refreshed off-loop
+            used = 1 - free / total if total else 0.0
+            want = disk_read_only(self.read_only_for_disk, used, cfg.disk_usage_threshold,
+                                  cfg.disk_usage_lwm_threshold)
+            if want != self.read_only_for_disk:
+                self.read_only_for_disk = want
+                self.log.warning("disk usage crossed a threshold", used=round(used, 4),
+                                 read_only=want, threshold=cfg.disk_usage_threshold,
+                                 lwm_threshold=cfg.disk_usage_lwm_threshold)
+                await self.set_read_only(want or cfg.read_only)
+            await asyncio.sleep(cfg.disk_check_interval_s)
+
+    async def set_read_only(self, read_only: bool) -> None:
+        """Switch between writable and read-only (registration moves with it)."""
+        assert self.registration is not None and self.processor is not None
+        if self.processor.state in (BookieState.WRITABLE, BookieState.READ_ONLY):
+            self.processor.state = BookieState.READ_ONLY if read_only else BookieState.WRITABLE
+        await self.registration.set_readonly(read_only)
 
     def _on_registration_change(self, registered: bool) -> None:
         if self.processor is None or self._stopping:
@@ -114,6 +142,10 @@ class BookieServer:
             self.log.info("bookie stopped")
 
     async def _close_parts(self) -> None:
+        if self._disk_task is not None:
+            self._disk_task.cancel()
+            await asyncio.wait([self._disk_task])
+            self._disk_task = None
         if self.storage is not None:
             await self.storage.close()
         if self.registration is not None:
@@ -132,6 +164,17 @@ class BookieServer:
         if self.storage is not None:
             out["storage"] = self.storage.statistics()
         return out
+
+
+def disk_read_only(read_only_now: bool, used: float, threshold: float,
+                   lwm_threshold: float) -> bool:
+    """Hysteresis: read-only at ``threshold`` and above; writable again only below
+    ``lwm_threshold``; in between, stay as we are."""
+    if used >= threshold:
+        return True
+    if used < lwm_threshold:
+        return False
+    return read_only_now
 
 
 async def run_bookie(config: BookieConfig, ready_line: bool = True) -> None:

@@ -430,11 +430,18 @@ class LedgerHandle(ReadHandle):
 
     def _on_add_response(self, op: _PendingAdd, position: int, bookie: BookieId,
                          result: Response | BKError) -> None:
-        if op.future.done() or self._error is not None:
+        if self._error is not None or self._closing_done():
             return
         if self._metadata.ensembles[-1][1][position] != bookie:
             return  # that position was given to another bookie since: stale answer
-        if isinstance(result, AddResponse) and result.status == Status.OK:
+        ok = isinstance(result, AddResponse) and result.status == Status.OK
+        if op.future.done():
+            # The add completed without this bookie; a failure still means the bookie
+            # must be replaced, or later entries would run short of replicas.
+            if not ok and position not in self._failed_positions:
+                self._bookie_failed(position, bookie, op.entry_id, result)
+            return
+        if ok:
             op.acks.ack(position)
             if self._change_task is None and self._pending and self._pending[0] is op:
                 self._complete_head()
@@ -446,14 +453,26 @@ class LedgerHandle(ReadHandle):
                               bookie=bookie, error=str(error))
             self._fail(error)
             return
-        # A bookie-level failure: replace the bookie.
+        self._bookie_failed(position, bookie, op.entry_id, error)
+
+    def _bookie_failed(self, position: int, bookie: BookieId, entry_id: int,
+                       result: Response | BKError) -> None:
+        """A bookie-level failure: replace the bookie by an ensemble change."""
+        error = (result if isinstance(result, BKError)
+                 else status_error(result.status, f"add {self.id}:{entry_id} to {bookie}"))
+        if isinstance(error, (LedgerFencedError, UnauthorizedAccessError)):
+            self._fail(error)
+            return
         if position not in self._failed_positions:
             self._log.info("bookie failed an add, changing ensemble", bookie=bookie,
-                           entry_id=op.entry_id, error=str(error))
+                           entry_id=entry_id, error=str(error))
             self._failed_positions[position] = error
             self._failed_bookies.add(bookie)
         if self._change_task is None:
             self._change_task = self._loop.create_task(self._change_ensemble())
+
+    def _closing_done(self) -> bool:
+        return self._closing is not None and self._closing.done()
 
     def _complete_head(self) -> None:
         pending = self._pending
