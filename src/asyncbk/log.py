@@ -35,6 +35,25 @@ def configure(level: str = "info", json: bool = False) -> None:
     logging.basicConfig(level=level_no, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
 
 
+def _configure_library_default() -> None:
+    """Used as a library (the application configured nothing): send asyncbk's records
+    through stdlib ``logging`` under the ``asyncbk`` logger, so they follow the
+    application's logging set-up and never write to stdout on their own."""
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.format_exc_info,
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.stdlib.BoundLogger,
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        cache_logger_on_first_use=True,
+    )
+
+
 def get_logger(**context: Any) -> Any:
     """A structlog logger with ``context`` bound."""
+    if not structlog.is_configured():
+        _configure_library_default()
     return structlog.get_logger("asyncbk").bind(**context)
