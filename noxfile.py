@@ -34,3 +34,12 @@ def bench(session: nox.Session) -> None:
     """Benchmarks (never part of the default test run): write baseline to bench-results/."""
     session.install("-e", ".[standalone]")
     session.run("python", "benchmarks/write_baseline.py", *session.posargs)
+
+
+@nox.session
+def sim(session: nox.Session) -> None:
+    """Many more simulator seeds than the default test run (SIM_SEEDS, default 5000)."""
+    session.install("-e", ".[test]")
+    session.env.setdefault("SIM_SEEDS", "5000")
+    session.env["PYTHONHASHSEED"] = "0"
+    session.run("pytest", "tests/sim", "-q", *session.posargs)

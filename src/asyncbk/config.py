@@ -71,7 +71,8 @@ class BookieConfig:
                         "journal_group_entries_max", "journal_queue_entries_max",
                         "journal_file_bytes_max", "entry_log_bytes_max",
                         "checkpoint_interval_s", "lease_ttl_s", "connections_max",
-                        "metadata_timeout_s", "drain_timeout_s", "disk_check_interval_s")
+                        "metadata_timeout_s", "drain_timeout_s", "disk_check_interval_s",
+                        "register_retry_s_max", "connection_write_buffer_bytes_high")
         if self.journal_group_wait_ms_max < 0:
             raise ConfigError("journal_group_wait_ms_max must be >= 0")
         if not 0 <= self.port < 65536:
@@ -113,7 +114,8 @@ class ClientConfig:
     def validate(self) -> ClientConfig:
         _check_positive(self, "add_timeout_s", "read_timeout_s", "connect_timeout_s",
                         "metadata_timeout_s", "pending_adds_max", "frame_bytes_max",
-                        "connection_requests_max", "ensemble_changes_max")
+                        "connection_requests_max", "ensemble_changes_max",
+                        "reconnect_backoff_s_max")
         for name in ("speculative_read_timeout_s", "add_quorum_timeout_s",
                      "explicit_lac_interval_s"):
             if getattr(self, name) < 0:

@@ -59,6 +59,10 @@ class TimeoutError(BKError, builtins.TimeoutError):
     """An operation did not complete within its time limit."""
 
 
+class EntryTooLargeError(BKError, ValueError):
+    """An entry larger than a bookie frame can carry (``frame_bytes_max``)."""
+
+
 class BookieReadOnlyError(BKError):
     """The bookie is read-only and refuses adds."""
 

@@ -13,7 +13,7 @@ import pytest
 
 from asyncbk.errors import BKError
 from asyncbk.meta.uri import open_metadata_store
-from asyncbk.testing.cluster import LocalCluster
+from asyncbk.testing.cluster import LocalBookie, LocalCluster, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("loop_errors")]
 
@@ -164,3 +164,22 @@ async def test_wiped_or_swapped_directories_refuse_to_start(cluster: LocalCluste
     with pytest.raises(BKError, match="no cookie"):
         await a.start()
     await b.start()  # b's directories are its own again
+
+
+async def test_second_process_on_the_same_directories_refuses(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 3, 3)
+    for i in range(20):
+        await lh.append(b"l%d" % i)
+    running = cluster.bookies[0]
+    twin = LocalBookie(cluster, running.index, free_port())  # same directories, new port
+    twin.id = running.id  # same identity too: only the lock can stop it
+    with pytest.raises(BKError, match="in use by another running bookie"):
+        await twin.start()
+    # The running bookie was not disturbed: it keeps serving and survives a restart.
+    await lh.append(b"after")
+    await running.stop()
+    await running.start()
+    await lh.close()
+    rh = await (await cluster.client()).open_ledger(lh.id)
+    assert [e.data for e in await rh.read(0, 20)] == [b"l%d" % i for i in range(20)] + [b"after"]

@@ -1,4 +1,4 @@
-"""The ledger API of API.md against a real cluster (etcd + bookie processes)."""
+"""The public ledger API against a real cluster (etcd + bookie processes)."""
 
 from __future__ import annotations
 
@@ -255,3 +255,15 @@ async def test_hung_bookie_ack_quorum_and_timeouts(cluster: LocalCluster) -> Non
     finally:
         hung.resume()
     assert (await bk.ledger_metadata(strict.id)).ensembles == strict.metadata.ensembles
+
+
+async def test_oversized_entry_is_refused_before_sending(cluster: LocalCluster) -> None:
+    bk = await cluster.client(frame_bytes_max=64 * 1024)
+    lh = await bk.create_ledger(3, 2, 2)
+    other = await bk.create_ledger(3, 2, 2)
+    pending = [other.append(b"o%d" % i) for i in range(50)]
+    with pytest.raises(asyncbk.errors.EntryTooLargeError, match="exceeds"):
+        lh.append(b"x" * 64 * 1024)
+    assert await lh.append(b"x" * 60 * 1024) == 0  # under the limit is fine
+    assert await asyncio.gather(*pending) == list(range(50))  # nobody else was hurt
+    assert (await bk.ledger_metadata(lh.id)).ensembles == lh.metadata.ensembles

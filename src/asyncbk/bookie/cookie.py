@@ -26,6 +26,7 @@ from ..errors import CookieError
 from ..meta.api import MetadataStore
 
 COOKIE_FILE = "COOKIE"
+LOCK_FILE = "LOCK"
 COOKIE_FORMAT = 1
 
 
@@ -50,8 +51,41 @@ class Cookie:
                               "to start on directories it cannot identify") from None
 
 
+class DirectoryLock:
+    """An exclusive ``flock`` on ``<dir>/LOCK`` for each directory, held while the
+    bookie runs: a second bookie process on the same directories refuses to start
+    instead of recovering (and rewriting) storage under the running one."""
+
+    def __init__(self, *directories: Path) -> None:
+        self._dirs = directories
+        self._fds: list[int] = []
+
+    def acquire(self) -> None:
+        import fcntl
+
+        try:
+            for d in self._dirs:
+                d.mkdir(parents=True, exist_ok=True)
+                fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+                self._fds.append(fd)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise CookieError(
+                        f"{d} is in use by another running bookie process; stop it first "
+                        "(two processes must never share a bookie's directories)") from None
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)  # closing the descriptor drops the lock
+
+
 def _dir_has_data(path: Path) -> bool:
-    return path.exists() and any(p.name != COOKIE_FILE for p in path.iterdir())
+    return path.exists() and any(p.name not in (COOKIE_FILE, LOCK_FILE) for p in path.iterdir())
 
 
 def _read_local(path: Path) -> Cookie | None:
@@ -107,11 +141,13 @@ async def check_or_format(
     if remote is None:
         raise CookieError(
             f"bookie {bookie_id}: its directories have a cookie but the metadata store has none "
-            f"(was the cluster metadata wiped, or is this a different cluster?). Refusing to start.")
+            f"for this id (was the cluster metadata wiped, is this a different cluster, or "
+            f"did the bookie id change?). Refusing to start.")
     for d, local in ((journal_dir, local_j), (ledger_dir, local_l)):
         if local is None:
             raise CookieError(
-                f"bookie {bookie_id} is registered, but {d} has no cookie: its disk was wiped or "
+                f"bookie {bookie_id} has a cookie in the metadata store, but {d} has none: its "
+                f"disk was wiped or "
                 f"replaced, and serving from it could lose acknowledged entries. If the data is "
                 f"really gone, re-replicate the bookie's ledgers, then remove its identity with "
                 f"`asyncbk shell bookieformat --metadata-uri URI --bookie-id {bookie_id} "

@@ -86,7 +86,8 @@ class RequestProcessor:
         self._drained.set()
         self._lac_waiters: dict[int, list[_LacWaiter]] = {}
         self._lac_waiter_count = 0
-        self._paused: set[ServerConnection] = set()
+        # insertion-ordered (not a set): resume order must not depend on addresses
+        self._paused: dict[ServerConnection, None] = {}
         self._space_task: asyncio.Task[None] | None = None
         self._queue_high = max(1, storage_queue_bound(storage) * 3 // 4)
         self.counters: dict[str, int] = {"adds": 0, "reads": 0, "fences": 0, "rejected": 0}
@@ -164,7 +165,7 @@ class RequestProcessor:
 
     def _apply_backpressure(self, conn: ServerConnection) -> None:
         conn.pause_reading("journal")
-        self._paused.add(conn)
+        self._paused[conn] = None
         if self._space_task is None:
             self._space_task = self._loop.create_task(self._resume_when_space())
 
@@ -173,7 +174,7 @@ class RequestProcessor:
             await self.storage.wait_for_queue_space()
         finally:
             self._space_task = None
-            paused, self._paused = self._paused, set()
+            paused, self._paused = self._paused, {}
             for conn in paused:
                 conn.resume_reading("journal")
 
@@ -206,7 +207,10 @@ class RequestProcessor:
             self.counters["fences"] += 1
             try:
                 await self.storage.fence(ledger_id, req.master_key)
-            except (BookieIOError, TooManyRequestsError):
+            except TooManyRequestsError:
+                reply(Status.TOO_MANY_REQUESTS)
+                return
+            except BookieIOError:
                 reply(Status.IO_ERROR)
                 return
             self.log.info("ledger fenced", ledger_id=ledger_id, request_id=req.request_id,
@@ -233,6 +237,9 @@ class RequestProcessor:
     # ------------------------------------------------------------------ LAC
 
     def _read_lac(self, req: ReadLacRequest, conn: ServerConnection) -> None:
+        if req.ledger_id < 0:
+            conn.respond(ReadLacResponse(req.request_id, Status.BAD_REQUEST, req.ledger_id, -1, -1))
+            return
         info = self.storage.ledger(req.ledger_id)
         if info is None:
             conn.respond(ReadLacResponse(req.request_id, Status.NO_LEDGER, req.ledger_id, -1, -1))
@@ -241,8 +248,9 @@ class RequestProcessor:
                                          info.last_entry_id))
 
     def _write_lac(self, req: WriteLacRequest, conn: ServerConnection) -> None:
-        info = self.storage.ledger(req.ledger_id)
-        if req.lac < -1 or not req.master_key:
+        info = self.storage.ledger(req.ledger_id) if req.ledger_id >= 0 else None
+        if (req.ledger_id < 0 or req.lac < -1 or not req.master_key
+                or len(req.master_key) > MASTER_KEY_BYTES_MAX):
             status = Status.BAD_REQUEST
         elif info is None:
             status = Status.NO_LEDGER
@@ -269,7 +277,7 @@ class RequestProcessor:
         fut.add_done_callback(done)
 
     def _long_poll_lac(self, req: LongPollLacRequest, conn: ServerConnection) -> None:
-        if req.timeout_ms < 0 or req.timeout_ms > LONG_POLL_TIMEOUT_MS_MAX:
+        if req.ledger_id < 0 or not 0 <= req.timeout_ms <= LONG_POLL_TIMEOUT_MS_MAX:
             conn.respond(LongPollLacResponse(req.request_id, Status.BAD_REQUEST, req.ledger_id, -1))
             return
         info = self.storage.ledger(req.ledger_id)

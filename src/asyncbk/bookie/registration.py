@@ -110,6 +110,14 @@ class Registration:
         self._log.warning("registration lost; refusing adds until registered again", reason=why)
         self._set_registered(False)
 
+    async def abandon(self) -> None:
+        """Stop refreshing without revoking: what a crash does (the lease expires)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])
+            self._task = None
+        self.lease_id = None
+
     async def close(self) -> None:
         """Stop refreshing and revoke the lease (the registration disappears at once)."""
         if self._task is not None:

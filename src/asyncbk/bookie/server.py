@@ -13,18 +13,19 @@ whatever is left.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from pathlib import Path
 from typing import Any
 
 from .._version import __version__
 from ..config import BookieConfig
-from ..errors import ConfigError
+from ..errors import BKError, ConfigError
 from ..log import get_logger
 from ..meta.api import MetadataStore
 from ..meta.uri import open_metadata_store
 from ..net.server import BookieListener
-from .cookie import check_or_format
+from .cookie import DirectoryLock, check_or_format
 from .processor import BookieState, RequestProcessor
 from .registration import Registration
 from .storage import LedgerStorage
@@ -50,11 +51,15 @@ class BookieServer:
         self._stopped = asyncio.Event()
         self._stopping = False
         self._disk_task: asyncio.Task[None] | None = None
+        self._lock: DirectoryLock | None = None
         self.read_only_for_disk = False
+        self.journal_failed = False
 
     async def start(self) -> None:
         cfg = self.config
         try:
+            self._lock = DirectoryLock(Path(cfg.journal_dir), Path(cfg.ledger_dir))
+            await asyncio.to_thread(self._lock.acquire)
             self.meta = await open_metadata_store(cfg.metadata_uri, timeout_s=cfg.metadata_timeout_s)
             await check_or_format(self.meta, self.bookie_id, Path(cfg.journal_dir),
                                   Path(cfg.ledger_dir))
@@ -85,20 +90,32 @@ class BookieServer:
         self.log.info("bookie started", journal_dir=cfg.journal_dir, ledger_dir=cfg.ledger_dir)
 
     async def _watch_disk(self) -> None:
-        """Turn read-only when a disk is nearly full, writable again below the low mark."""
+        """Turn read-only when a disk (ledger or journal) is nearly full, writable again
+        below the low mark; also read-only for good once the journal has failed."""
         cfg = self.config
         assert self.storage is not None and self.registration is not None
+        journal_dir = Path(cfg.journal_dir)
         while True:
             free, total = self.storage.disk_usage()  # cached by storage, refreshed off-loop
             used = 1 - free / total if total else 0.0
+            j_free, j_total = await asyncio.to_thread(_statvfs, journal_dir)
+            used = max(used, 1 - j_free / j_total if j_total else 0.0)
             want = disk_read_only(self.read_only_for_disk, used, cfg.disk_usage_threshold,
                                   cfg.disk_usage_lwm_threshold)
-            if want != self.read_only_for_disk:
+            journal_failed = self.storage.journal_failed
+            if want != self.read_only_for_disk or (journal_failed and not self.journal_failed):
                 self.read_only_for_disk = want
-                self.log.warning("disk usage crossed a threshold", used=round(used, 4),
-                                 read_only=want, threshold=cfg.disk_usage_threshold,
+                self.journal_failed = journal_failed
+                self.log.warning("turning read-only" if want or journal_failed
+                                 else "turning writable", disk_used=round(used, 4),
+                                 journal_failed=journal_failed,
+                                 threshold=cfg.disk_usage_threshold,
                                  lwm_threshold=cfg.disk_usage_lwm_threshold)
-                await self.set_read_only(want or cfg.read_only)
+                try:
+                    await self.set_read_only(want or journal_failed or cfg.read_only)
+                except BKError as exc:  # the store is unreachable: try again next round
+                    self.log.warning("could not switch read-only mode", error=str(exc))
+                    self.read_only_for_disk = not want
             await asyncio.sleep(cfg.disk_check_interval_s)
 
     async def set_read_only(self, read_only: bool) -> None:
@@ -156,6 +173,8 @@ class BookieServer:
             await self.processor.close()
         if self.meta is not None:
             await self.meta.close()
+        if self._lock is not None:
+            self._lock.release()
 
     def statistics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"bookie_id": self.bookie_id}
@@ -164,6 +183,11 @@ class BookieServer:
         if self.storage is not None:
             out["storage"] = self.storage.statistics()
         return out
+
+
+def _statvfs(path: Path) -> tuple[int, int]:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
 def disk_read_only(read_only_now: bool, used: float, threshold: float,

@@ -629,6 +629,11 @@ class LedgerStorage:
         return self._config
 
     @property
+    def journal_failed(self) -> bool:
+        """The journal hit a write or fsync error: every later add fails (restart needed)."""
+        return self._journal.failed
+
+    @property
     def journal_queue_entries(self) -> int:
         """Journal records queued or being written (bounded by journal_queue_entries_max)."""
         return self._journal.queue_entries

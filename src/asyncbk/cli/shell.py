@@ -41,7 +41,8 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
     p.add_argument("--delete-cookie", action="store_true", help="delete the cookie in etcd")
     p.add_argument("--wipe", nargs="*", default=[], metavar="DIR",
                    help="also delete the contents of these directories")
-    p.add_argument("--force", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--force", action="store_true",
+                   help="required: confirms that the identity (and data) may be destroyed")
 
 
 def _wipe(path: Path) -> bool:

@@ -57,7 +57,7 @@ class BookieWatcher:
 
 
 class BookKeeper:
-    """A connected asyncbk client (see API.md).  Use ``await BookKeeper.connect(uri)``."""
+    """A connected asyncbk client (see the README).  Use ``await BookKeeper.connect(uri)``."""
 
     def __init__(self, meta: MetadataStore, config: ClientConfig, *,
                  connector: Connector | None = None, rng: random.Random | None = None) -> None:

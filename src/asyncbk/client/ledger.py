@@ -44,6 +44,7 @@ from ..errors import (
     BookieReadOnlyError,
     BookieUnavailableError,
     DigestMismatchError,
+    EntryTooLargeError,
     LedgerClosedError,
     LedgerFencedError,
     MetadataVersionError,
@@ -81,6 +82,9 @@ if TYPE_CHECKING:
 
 READ_WINDOW_ENTRIES_MAX = 1024
 """Entry reads in flight for one ``read`` call."""
+
+FRAME_OVERHEAD_BYTES_MAX = 512
+"""Room kept in a frame for the add request's other fields and the envelope header."""
 
 _STATUS_ERRORS: dict[int, type[BKError]] = {
     Status.NO_LEDGER: NoSuchLedgerError,
@@ -247,7 +251,7 @@ class ReadHandle:
                 f"ledger {md.ledger_id}: no bookie of {', '.join(ensemble)} answered a LAC read")
         return self._lac
 
-    async def wait_for_lac(self, after: int, timeout: float) -> int:  # noqa: ASYNC109 (API.md)
+    async def wait_for_lac(self, after: int, timeout: float) -> int:  # noqa: ASYNC109 (public API name)
         """Long-poll the bookies until the LAC passes ``after`` or ``timeout`` seconds pass."""
         if self._lac > after or self._metadata.is_closed:
             return self._lac
@@ -292,9 +296,16 @@ class ReadHandle:
             if self._metadata.is_closed:
                 return
             before = self._lac
+            loop = asyncio.get_running_loop()
+            started_s = loop.time()
             await self.wait_for_lac(self._lac, poll_s)
             if self._lac == before:
                 await self._refresh_metadata()
+                # The long-poll ended early without news (bookies down or refusing):
+                # wait out the interval rather than spin on the metadata store.
+                idle_s = poll_s - (loop.time() - started_s)
+                if idle_s > 0 and not self._metadata.is_closed:
+                    await asyncio.sleep(idle_s)
 
     async def _refresh_metadata(self) -> None:
         md = await self._bk.meta.read_ledger(self.id)
@@ -366,6 +377,13 @@ class LedgerHandle(ReadHandle):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"append takes bytes, not {type(data).__name__}")
         payload = bytes(data)
+        limit = self._bk.config.frame_bytes_max - FRAME_OVERHEAD_BYTES_MAX
+        if len(payload) > limit:
+            # Checked here: an oversized frame would make each bookie drop the whole
+            # connection, failing other ledgers' requests too.
+            raise EntryTooLargeError(
+                f"entry of {len(payload)} bytes exceeds the {limit}-byte maximum "
+                "(frame_bytes_max less overhead); split it into smaller entries")
         entry_id = self._next_entry_id
         total_length = self._submitted_length + len(payload)
         self._check_appendable()
@@ -611,10 +629,13 @@ class LedgerHandle(ReadHandle):
         lac = self._lac
         self._lac_sent = lac
         md = self._metadata
-        for bookie in md.ensembles[-1][1]:
-            ch = self._bk.bookie_client.channel(bookie)
-            ch.send(WriteLacRequest(ch.next_request_id(), md.ledger_id, self._master_key, lac),
-                    _ignore, self._bk.config.add_timeout_s)
+        try:
+            for bookie in md.ensembles[-1][1]:
+                ch = self._bk.bookie_client.channel(bookie)
+                ch.send(WriteLacRequest(ch.next_request_id(), md.ledger_id, self._master_key,
+                                        lac), _ignore, self._bk.config.add_timeout_s)
+        except BKError:
+            pass  # the client was closed under an idle handle: nothing to tell anyone
 
     def _cancel_timers(self) -> None:
         for handle in (self._explicit_lac_handle, self._quorum_timer):

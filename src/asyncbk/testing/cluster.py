@@ -89,10 +89,12 @@ class LocalBookie:
 
     async def start(self) -> None:
         """Start the process (same id, same directories) and wait for its ready line."""
-        if self.running:
-            raise RuntimeError(f"bookie {self.id} is already running")
         if self.process is not None:
-            await self.process.wait()
+            try:  # a kill() just before: give the process a moment to be reaped
+                async with asyncio.timeout(5):
+                    await self.process.wait()
+            except TimeoutError:
+                raise RuntimeError(f"bookie {self.id} is already running") from None
         config_text = "[bookie]\n" + "".join(
             f"{k} = {_toml_value(v)}\n" for k, v in self.cluster.bookie_config.items())
         await asyncio.to_thread(self._prepare_dir, config_text)
@@ -162,7 +164,7 @@ class LocalBookie:
 
 
 class LocalCluster:
-    """etcd + N bookie processes on loopback (see API.md)."""
+    """etcd + N bookie processes on loopback."""
 
     def __init__(
         self,
