@@ -17,8 +17,11 @@ ack quorum with the help of a replaced bookie is no longer complete once the
 new fragment says that position belongs to another bookie, so its
 acknowledgement from the replaced bookie is withdrawn and the entry re-sent.
 A lost compare-and-swap re-reads the metadata; a ledger no longer OPEN (a
-recovery started) fails the pending adds with LedgerFencedError.  No
-replacement available fails them with NotEnoughBookiesError.
+recovery started) fails the pending adds with LedgerFencedError.  With no
+replacement available, the handle writes on without the failed bookies as
+long as every write set keeps an ack quorum of healthy ones (retrying the
+replacement every ``DEGRADED_RETRY_S``); otherwise the pending adds fail with
+NotEnoughBookiesError.
 
 A handle that fails (fenced, no replacement, add quorum timeout) fails every
 pending add with the cause and refuses later appends with it.
@@ -82,6 +85,9 @@ if TYPE_CHECKING:
 
 READ_WINDOW_ENTRIES_MAX = 1024
 """Entry reads in flight for one ``read`` call."""
+
+DEGRADED_RETRY_S = 2.0
+"""How often a handle writing without failed bookies (no spare) tries to replace them."""
 
 FRAME_OVERHEAD_BYTES_MAX = 512
 """Room kept in a frame for the add request's other fields and the envelope header."""
@@ -182,7 +188,7 @@ class ReadHandle:
                 if not done:  # the current replicas are slow: ask one more
                     launch()
                     continue
-                for fut in done:
+                for fut in [f for f in inflight if f in done]:  # send order: replayable
                     bookie = inflight.pop(fut)
                     exc = fut.exception()
                     if exc is not None:
@@ -265,12 +271,13 @@ class ReadHandle:
             futs.append(ch.request(
                 LongPollLacRequest(ch.next_request_id(), md.ledger_id, after, timeout_ms),
                 timeout + grace_s))
-        pending: set[asyncio.Future[Response]] = set(futs)
+        pending = list(futs)
         try:
             async with asyncio.timeout(timeout + grace_s):
                 while pending and self._lac <= after:
-                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    for f in done:
+                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    pending = [f for f in pending if f not in done]
+                    for f in [f for f in futs if f in done]:  # send order: replayable
                         if f.exception() is None:
                             r = f.result()
                             if isinstance(r, LongPollLacResponse) and r.status == Status.OK:
@@ -356,6 +363,10 @@ class LedgerHandle(ReadHandle):
         self._capacity.set()
         self._pending_max = bk.config.pending_adds_max
         self._failed_positions: dict[int, BKError] = {}
+        self._degraded: set[int] = set()
+        """Failed positions left unreplaced (no spare bookie) while every write set
+        still has an ack quorum of healthy bookies: adds skip them."""
+        self._degraded_retry: asyncio.TimerHandle | None = None
         self._failed_bookies: set[BookieId] = set()
         self._change_task: asyncio.Task[None] | None = None
         self.ensemble_changes = 0
@@ -438,6 +449,8 @@ class LedgerHandle(ReadHandle):
         lac = self._lac
         self._lac_sent = max(self._lac_sent, lac)
         for pos in positions:
+            if pos in self._degraded:
+                continue
             bookie = ensemble[pos]
             ch = client.channel(bookie)
             req = AddRequest(ch.next_request_id(), md.ledger_id, op.entry_id, self._master_key,
@@ -481,6 +494,8 @@ class LedgerHandle(ReadHandle):
         if isinstance(error, (LedgerFencedError, UnauthorizedAccessError)):
             self._fail(error)
             return
+        if position in self._degraded:
+            return  # known, and left unreplaced for now
         if position not in self._failed_positions:
             self._log.info("bookie failed an add, changing ensemble", bookie=bookie,
                            entry_id=entry_id, error=str(error))
@@ -534,8 +549,19 @@ class LedgerHandle(ReadHandle):
                 md = self._metadata
                 ensemble = list(md.ensembles[-1][1])
                 writable = await self._bk.bookies.writable(self._bk.config.metadata_timeout_s)
-                replacements = self._bk.placement.new_ensemble(
-                    len(failed), writable, exclude=set(ensemble) | self._failed_bookies)
+                try:
+                    replacements = self._bk.placement.new_ensemble(
+                        len(failed), writable, exclude=set(ensemble) | self._failed_bookies)
+                except NotEnoughBookiesError:
+                    if not self._ack_quorum_survives(set(failed)):
+                        raise
+                    if set(failed) != self._degraded:
+                        self._log.warning(
+                            "no spare bookie: writing on without the failed ones",
+                            failed=[ensemble[p] for p in sorted(failed)])
+                    self._degraded = set(failed)
+                    self._schedule_degraded_retry()
+                    break
                 for pos, bookie in zip(sorted(failed), replacements, strict=True):
                     ensemble[pos] = bookie
                 first = self._lac + 1
@@ -544,6 +570,7 @@ class LedgerHandle(ReadHandle):
                 self.ensemble_changes += 1
                 for pos in failed:
                     self._failed_positions.pop(pos, None)
+                    self._degraded.discard(pos)
                 self._log.info("ensemble changed", first_entry_id=first, old=list(old),
                                new=list(ensemble), replaced=[old[p] for p in sorted(failed)])
                 self._resend_after_change(set(failed))
@@ -558,6 +585,24 @@ class LedgerHandle(ReadHandle):
             self._change_task = None
         if self._error is None:
             self._complete_head()
+
+    def _ack_quorum_survives(self, failed: set[int]) -> bool:
+        """Whether every write set keeps ``Qa`` positions outside ``failed``."""
+        md = self._metadata
+        spare = md.write_quorum - md.ack_quorum
+        return all(sum(p in failed for p in write_set(s, md.ensemble_size, md.write_quorum))
+                   <= spare for s in range(md.ensemble_size))
+
+    def _schedule_degraded_retry(self) -> None:
+        if self._degraded_retry is None:
+            self._degraded_retry = self._loop.call_later(DEGRADED_RETRY_S, self._retry_degraded)
+
+    def _retry_degraded(self) -> None:
+        """Try again to replace the bookies left out (a spare may have appeared)."""
+        self._degraded_retry = None
+        if self._degraded and self._error is None and not self._closing_done() \
+                and self._change_task is None:
+            self._change_task = self._loop.create_task(self._change_ensemble())
 
     def _resend_after_change(self, replaced: set[int]) -> None:
         md = self._metadata
@@ -638,11 +683,12 @@ class LedgerHandle(ReadHandle):
             pass  # the client was closed under an idle handle: nothing to tell anyone
 
     def _cancel_timers(self) -> None:
-        for handle in (self._explicit_lac_handle, self._quorum_timer):
+        for handle in (self._explicit_lac_handle, self._quorum_timer, self._degraded_retry):
             if handle is not None:
                 handle.cancel()
         self._explicit_lac_handle = None
         self._quorum_timer = None
+        self._degraded_retry = None
 
     # ------------------------------------------------------------------ close
 

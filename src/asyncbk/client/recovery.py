@@ -41,7 +41,7 @@ from ..errors import (
 )
 from ..log import get_logger
 from ..meta.model import LedgerMetadata, LedgerState
-from ..proto import ReadFlag, ReadRequest, ReadResponse, Status
+from ..proto import ReadFlag, ReadRequest, ReadResponse, Response, Status
 from .digest import DigestManager, master_key
 from .ledger import LedgerHandle
 from .quorum import write_set
@@ -105,48 +105,62 @@ class LedgerRecoveryOp:
         return md
 
     async def _fence_and_read_lac(self, md: LedgerMetadata) -> tuple[int, int]:
-        """Fence the last fragment; the highest LAC known and the ledger length at it."""
+        """Fence the last fragment; the highest LAC known and the ledger length at it.
+
+        Returns as soon as every write set has ``Qw - Qa + 1`` answers: a hung
+        bookie does not hold recovery up (its request is dropped)."""
         ensemble = md.ensembles[-1][1]
+        needed = md.write_quorum - md.ack_quorum + 1
+        write_sets = [write_set(s, md.ensemble_size, md.write_quorum)
+                      for s in range(md.ensemble_size)]
         timeout_s = self._bk.config.read_timeout_s
-        futs = []
-        for bookie in ensemble:
+        inflight: dict[asyncio.Future[Response], int] = {}
+        for pos, bookie in enumerate(ensemble):
             ch = self._bk.bookie_client.channel(bookie)
-            futs.append(ch.request(ReadRequest(ch.next_request_id(), md.ledger_id, -1,
-                                               ReadFlag.FENCE, self._master_key), timeout_s))
-        results = await asyncio.gather(*futs, return_exceptions=True)
+            inflight[ch.request(ReadRequest(ch.next_request_id(), md.ledger_id, -1,
+                                            ReadFlag.FENCE, self._master_key), timeout_s)] = pos
         answered: set[int] = set()
         lac = -1
         errors: list[str] = []
-        for pos, r in enumerate(results):
-            if isinstance(r, BaseException):
-                if not isinstance(r, BKError):
-                    raise r
-                errors.append(f"{ensemble[pos]}: {r}")
-                continue
-            assert isinstance(r, ReadResponse)
-            if r.status == Status.UNAUTHORIZED:
-                raise UnauthorizedAccessError(f"ledger {md.ledger_id}: wrong password")
-            if r.status not in (Status.OK, Status.NO_ENTRY, Status.NO_LEDGER):
-                errors.append(f"{ensemble[pos]}: {Status(r.status).name}")
-                continue
-            if r.status == Status.OK:
-                try:
-                    entry_lac, _, _ = self._digest.unseal(r.entry_id, r.body)
-                except DigestMismatchError as exc:
-                    errors.append(f"{ensemble[pos]}: {exc}")
-                    continue
-                lac = max(lac, entry_lac)
-            answered.add(pos)
-            lac = max(lac, r.lac)
-        needed = md.write_quorum - md.ack_quorum + 1
-        for start in range(md.ensemble_size):
-            covered = sum(1 for p in write_set(start, md.ensemble_size, md.write_quorum)
-                          if p in answered)
-            if covered < needed:
-                raise BookieUnavailableError(
-                    f"ledger {md.ledger_id}: could not fence enough bookies to recover "
-                    f"({'; '.join(errors) or 'no answers'}); the ledger stays in recovery, "
-                    "retry later")
+
+        def covered() -> bool:
+            return all(sum(p in answered for p in ws) >= needed for ws in write_sets)
+
+        try:
+            while inflight and not covered():
+                done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                for fut in [f for f in inflight if f in done]:  # send order: replayable
+                    pos = inflight.pop(fut)
+                    exc = fut.exception()
+                    if exc is not None:
+                        if not isinstance(exc, BKError):
+                            raise exc
+                        errors.append(f"{ensemble[pos]}: {exc}")
+                        continue
+                    r = fut.result()
+                    assert isinstance(r, ReadResponse)
+                    if r.status == Status.UNAUTHORIZED:
+                        raise UnauthorizedAccessError(f"ledger {md.ledger_id}: wrong password")
+                    if r.status not in (Status.OK, Status.NO_ENTRY, Status.NO_LEDGER):
+                        errors.append(f"{ensemble[pos]}: {Status(r.status).name}")
+                        continue
+                    if r.status == Status.OK:
+                        try:
+                            entry_lac, _, _ = self._digest.unseal(r.entry_id, r.body)
+                        except DigestMismatchError as err:
+                            errors.append(f"{ensemble[pos]}: {err}")
+                            continue
+                        lac = max(lac, entry_lac)
+                    answered.add(pos)
+                    lac = max(lac, r.lac)
+        finally:
+            for fut in inflight:
+                fut.cancel()
+        if not covered():
+            raise BookieUnavailableError(
+                f"ledger {md.ledger_id}: could not fence enough bookies to recover "
+                f"({'; '.join(errors) or 'no answers'}); the ledger stays in recovery, "
+                "retry later")
         if lac < 0:
             return -1, 0
         found = await self._read_for_recovery(md, lac)
@@ -156,39 +170,51 @@ class LedgerRecoveryOp:
         return lac, found[1]
 
     async def _read_for_recovery(self, md: LedgerMetadata, entry_id: int) -> tuple[bytes, int] | None:
-        """The body and total length of ``entry_id`` if any replica has it; None if enough
-        replicas say it does not exist; raises if that cannot be decided."""
+        """The body and total length of ``entry_id`` if any replica has it; None once
+        enough replicas say it does not exist; raises if that cannot be decided.
+        Returns as soon as the answer is known."""
         ensemble = md.ensemble_at(entry_id)
         positions = write_set(entry_id, md.ensemble_size, md.write_quorum)
+        needed_missing = md.write_quorum - md.ack_quorum + 1
         timeout_s = self._bk.config.read_timeout_s
-        futs = []
+        inflight: dict[asyncio.Future[Response], int] = {}
         for pos in positions:
             ch = self._bk.bookie_client.channel(ensemble[pos])
-            futs.append(ch.request(ReadRequest(ch.next_request_id(), md.ledger_id, entry_id,
-                                               ReadFlag.FENCE, self._master_key), timeout_s))
-        results = await asyncio.gather(*futs, return_exceptions=True)
+            # Recovery reads fence too: a bookie that missed the fence (it was down)
+            # must not accept the old writer's adds once it answers us.
+            inflight[ch.request(ReadRequest(ch.next_request_id(), md.ledger_id, entry_id,
+                                            ReadFlag.FENCE, self._master_key), timeout_s)] = pos
         missing = 0
         errors: list[str] = []
-        for pos, r in zip(positions, results, strict=True):
-            if isinstance(r, BaseException):
-                if not isinstance(r, BKError):
-                    raise r
-                errors.append(f"{ensemble[pos]}: {r}")
-                continue
-            assert isinstance(r, ReadResponse)
-            if r.status == Status.OK:
-                try:
-                    _, total_length, _ = self._digest.unseal(entry_id, r.body)
-                except DigestMismatchError as exc:
-                    errors.append(f"{ensemble[pos]}: {exc}")
-                    continue
-                return r.body, total_length
-            if r.status in (Status.NO_ENTRY, Status.NO_LEDGER):
-                missing += 1
-            else:
-                errors.append(f"{ensemble[pos]}: {Status(r.status).name}")
-        if missing >= md.write_quorum - md.ack_quorum + 1:
-            return None
+        try:
+            while inflight:
+                done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                for fut in [f for f in inflight if f in done]:  # send order: replayable
+                    pos = inflight.pop(fut)
+                    exc = fut.exception()
+                    if exc is not None:
+                        if not isinstance(exc, BKError):
+                            raise exc
+                        errors.append(f"{ensemble[pos]}: {exc}")
+                        continue
+                    r = fut.result()
+                    assert isinstance(r, ReadResponse)
+                    if r.status == Status.OK:
+                        try:
+                            _, total_length, _ = self._digest.unseal(entry_id, r.body)
+                        except DigestMismatchError as err:
+                            errors.append(f"{ensemble[pos]}: {err}")
+                            continue
+                        return r.body, total_length
+                    if r.status in (Status.NO_ENTRY, Status.NO_LEDGER):
+                        missing += 1
+                        if missing >= needed_missing:
+                            return None
+                    else:
+                        errors.append(f"{ensemble[pos]}: {Status(r.status).name}")
+        finally:
+            for fut in inflight:
+                fut.cancel()
         raise BookieUnavailableError(
             f"ledger {md.ledger_id}: cannot tell whether entry {entry_id} exists "
             f"({'; '.join(errors)}); the ledger stays in recovery, retry later")

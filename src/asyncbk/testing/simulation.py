@@ -33,12 +33,10 @@ from typing import Any
 
 from ..client.client import BookKeeper
 from ..client.ledger import LedgerHandle, ReadHandle
-from ..clock import LOOP_CLOCK
-from ..config import BookieConfig, ClientConfig
+from ..config import ClientConfig
 from ..errors import BKError
-from ..meta.memory import MemoryMetadataState, MemoryMetadataStore
-from ..meta.model import LedgerMetadata, LedgerState
-from .sim import SimBookie, SimEventLoop, SimNetwork
+from ..meta.model import LedgerState
+from .sim import SimBookie, SimCluster, SimEventLoop
 
 RUN_TIME_S_MAX = 900.0
 """Virtual seconds a run may take before it is declared stuck."""
@@ -61,34 +59,13 @@ class SimResult:
         return not self.violations
 
 
-class RecordingStore(MemoryMetadataStore):
-    """Records every ledger metadata value written, for the metadata checker."""
-
-    def __init__(self, history: list[LedgerMetadata], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._history = history
-
-    async def create_ledger(self, md: LedgerMetadata) -> LedgerMetadata:
-        out = await super().create_ledger(md)
-        self._history.append(out)
-        return out
-
-    async def update_ledger(self, md: LedgerMetadata) -> LedgerMetadata:
-        out = await super().update_ledger(md)
-        self._history.append(out)
-        return out
-
-
 class _Run:
     def __init__(self, seed: int, loop: SimEventLoop) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.loop = loop
         self.result = SimResult(seed)
-        self.state = MemoryMetadataState(clock=LOOP_CLOCK)
-        self.net = SimNetwork(loop, self.rng)
-        self.history: list[LedgerMetadata] = []
-        self.clients: list[BookKeeper] = []
+        self.cluster: SimCluster | None = None
         self.appended: dict[int, bytes] = {}
         self.acked: list[int] = []
         self.writer_lacs: list[int] = []
@@ -102,19 +79,16 @@ class _Run:
     def log(self, text: str) -> None:
         self.result.trace.append(f"{self.loop.time():9.4f} {text}")
 
-    def client(self, name: str, **options: Any) -> BookKeeper:
+    def client(self, name: str) -> BookKeeper:
+        assert self.cluster is not None
         cfg = ClientConfig(
             add_timeout_s=0.5, read_timeout_s=0.5, connect_timeout_s=0.3,
             speculative_read_timeout_s=self.rng.choice([0.0, 0.05, 0.2]),
             add_quorum_timeout_s=60.0,
             explicit_lac_interval_s=self.rng.choice([0.0, 0.2]),
-            metadata_timeout_s=5.0, ensemble_changes_max=200, reconnect_backoff_s_max=0.2,
-            **options).validate()
-        bk = BookKeeper(RecordingStore(self.history, state=self.state), cfg,
-                        connector=self.net.connector(name),
-                        rng=random.Random(self.rng.getrandbits(64)))
-        bk.bookies.start()
-        self.clients.append(bk)
+            metadata_timeout_s=5.0, ensemble_changes_max=200,
+            reconnect_backoff_s_max=0.2).validate()
+        bk: BookKeeper = self.cluster.client(name, cfg)
         return bk
 
     # ------------------------------------------------------------------ actors
@@ -238,10 +212,11 @@ class _Run:
         self.result.config = {"bookies": n, "E": e, "Qw": w, "Qa": a, "entries": count,
                               "window": window}
         self.log(f"config {self.result.config}")
-        bcfg = BookieConfig(lease_ttl_s=3, journal_queue_entries_max=4096).validate()
-        bookies = [SimBookie(f"b{i}:3181", self.net, self.state, bcfg) for i in range(n)]
-        for b in bookies:
-            await b.start()
+        self.cluster = cluster = SimCluster(rng.getrandbits(64), n)
+        self.net = cluster.net
+        self.state = cluster.state
+        bookies = cluster.bookies
+        await cluster.start()
         writer_bk = self.client("writer")
         lh = await writer_bk.create_ledger(e, w, a, password=b"pw")
         self.ledger_id = lh.id
@@ -269,12 +244,9 @@ class _Run:
                     self.result.violations.append("the tailing reader never ended")
             self.check(final)
         finally:
-            for t in [writer_task, fault_task, *recoverers, *( [tail_task] if tail_task else [])]:
+            for t in [writer_task, fault_task, *recoverers, *([tail_task] if tail_task else [])]:
                 t.cancel()
-            for bk in self.clients:
-                await bk.close()
-            for b in bookies:
-                await b.stop()
+            await cluster.stop()
         self.result.acked = len(self.acked)
         self.result.stats = dict(self.stats)
         return self.result
@@ -332,7 +304,8 @@ class _Run:
 
     def check_metadata(self) -> None:
         v = self.result.violations
-        mine = [md for md in self.history if md.ledger_id == self.ledger_id]
+        assert self.cluster is not None
+        mine = [md for md in self.cluster.history if md.ledger_id == self.ledger_id]
         for prev, cur in zip(mine, mine[1:], strict=False):
             if cur.version <= prev.version:
                 v.append(f"metadata version went from {prev.version} to {cur.version}")

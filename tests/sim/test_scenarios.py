@@ -1,0 +1,349 @@
+"""BookKeeper's hard interleavings, scripted step by step on the simulator's parts.
+
+Each test runs the real client and bookie logic on virtual time
+(``run_sim``), freezing one side at a chosen point (a metadata gate, a network
+partition that holds traffic, a crashed bookie) and checking the outcome.
+The numbers refer to the scenario table in docs/scenarios.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from asyncbk.client.client import BookKeeper
+from asyncbk.client.digest import DigestManager, master_key
+from asyncbk.client.ledger import LedgerHandle
+from asyncbk.config import ClientConfig
+from asyncbk.errors import (
+    BookieUnavailableError,
+    LedgerClosedError,
+    LedgerFencedError,
+    NotEnoughBookiesError,
+    UnauthorizedAccessError,
+)
+from asyncbk.meta.model import LedgerState
+from asyncbk.proto import AddRequest, ReadFlag, ReadRequest, Status
+from asyncbk.testing.sim import BlockableStore, SimCluster, run_sim
+
+PW = b"pw"
+
+
+def config(**kw: object) -> ClientConfig:
+    base: dict[str, object] = dict(add_timeout_s=0.5, read_timeout_s=0.5, connect_timeout_s=0.3,
+                                   reconnect_backoff_s_max=0.2, explicit_lac_interval_s=0.0)
+    base.update(kw)
+    return ClientConfig(**base).validate()  # type: ignore[arg-type]
+
+
+async def started(bookies: int, seed: int = 1) -> SimCluster:
+    c = SimCluster(seed, bookies)
+    await c.start()
+    return c
+
+
+async def write(lh: LedgerHandle, n: int, start: int = 0) -> list[int]:
+    return list(await asyncio.gather(*(lh.append(b"e%d" % i) for i in range(start, start + n))))
+
+
+async def read_all(bk: BookKeeper, ledger_id: int) -> tuple[int, list[bytes]]:
+    rh = await bk.open_ledger(ledger_id, password=PW)
+    last = rh.metadata.last_entry_id
+    return last, [e.data for e in await rh.read(0, last)] if last >= 0 else []
+
+
+def test_s19_no_add_completes_while_the_ensemble_change_is_committed() -> None:
+    async def body() -> None:
+        c = await started(4)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        assert await write(lh, 10) == list(range(10))
+        store: BlockableStore = bk.meta
+        store.gate = asyncio.Event()
+        victim = c.bookie(lh.metadata.ensembles[0][1][0])
+        await victim.crash(torn=False)
+        futures = [lh.append(b"e%d" % i) for i in range(10, 30)]
+        await asyncio.wait_for(store.waiting.wait(), 10)  # the change is at its CAS
+        await asyncio.sleep(2)  # the two healthy bookies have long acknowledged
+        assert not any(f.done() for f in futures), "completed during the ensemble change"
+        store.gate.set()
+        order: list[int] = []
+        for f in futures:
+            f.add_done_callback(lambda f: order.append(f.result()))
+        assert await asyncio.gather(*futures) == list(range(10, 30))
+        assert order == list(range(10, 30))
+        assert len(lh.metadata.ensembles) == 2 and lh.metadata.ensembles[1][0] == 10
+        await lh.close()
+        assert await read_all(c.client("r", config()), lh.id) == (29, [b"e%d" % i for i in range(30)])
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s20_recovery_during_the_writers_ensemble_change_wins() -> None:
+    async def body() -> None:
+        c = await started(4)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        await write(lh, 10)
+        store: BlockableStore = bk.meta
+        store.gate = asyncio.Event()
+        await c.bookie(lh.metadata.ensembles[0][1][0]).crash(torn=False)
+        futures = [lh.append(b"e%d" % i) for i in range(10, 20)]
+        await asyncio.wait_for(store.waiting.wait(), 10)
+        recovered = await c.client("rec", config()).open_ledger(lh.id, password=PW)
+        last = recovered.metadata.last_entry_id
+        assert recovered.metadata.state is LedgerState.CLOSED and last >= 9
+        store.gate.set()
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        assert all(isinstance(r, (LedgerFencedError, LedgerClosedError)) for r in results)
+        md = await bk.ledger_metadata(lh.id)
+        assert md.last_entry_id == last, "the writer's late CAS did not overwrite recovery"
+        got_last, data = await read_all(c.client("r", config()), lh.id)
+        assert got_last == last and data == [b"e%d" % i for i in range(last + 1)]
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s15_recovery_stops_at_a_gap() -> None:
+    async def body() -> None:
+        c = await started(3)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 2, 2, password=PW)
+        await write(lh, 9)  # 0..8 acknowledged
+        # A stray entry 14 on one bookie (a writer bug or a lost batch): never read past 8..
+        dm = DigestManager(lh.id, "xxh3", PW)
+        stray = c.bookie(lh.metadata.ensembles[0][1][14 % 3])
+        ch = bk.bookie_client.channel(stray.id)
+        resp = await ch.request(AddRequest(ch.next_request_id(), lh.id, 14, master_key(PW), 0, 8,
+                                           dm.seal(14, 8, 999, b"stray")), 5)
+        assert resp.status == Status.OK
+        await lh.close_quietly()
+        last, data = await read_all(c.client("rec", config()), lh.id)
+        assert last == 8 and data == [b"e%d" % i for i in range(9)]
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s13_empty_ledger_recovery() -> None:
+    async def body() -> None:
+        c = await started(3)
+        lh = await c.client("writer", config()).create_ledger(3, 2, 2, password=PW)
+        rh = await c.client("rec", config()).open_ledger(lh.id, password=PW)
+        md = rh.metadata
+        assert (md.state, md.last_entry_id, md.length) == (LedgerState.CLOSED, -1, 0)
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s5_s16_many_concurrent_recoverers_converge() -> None:
+    async def body() -> None:
+        c = await started(5)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        acked = await write(lh, 40)
+        inflight = [lh.append(b"e%d" % i) for i in range(40, 60)]  # some land, some don't
+        await asyncio.sleep(0.0003)
+        c.net.reset_links("writer")
+        await lh.close_quietly()
+        clients = [c.client(f"rec{i}", config()) for i in range(6)]
+        handles = await asyncio.gather(*(k.open_ledger(lh.id, password=PW) for k in clients))
+        ends = {(h.metadata.last_entry_id, h.metadata.length) for h in handles}
+        assert len(ends) == 1, ends
+        (last, _), = ends
+        assert last >= acked[-1]
+        for f in inflight:
+            if f.done() and not f.exception():
+                assert f.result() <= last
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s9_lac_readable_but_rewrite_impossible_never_closes_short() -> None:
+    async def body() -> None:
+        c = await started(3)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 3, 3, password=PW)
+        await write(lh, 10)  # bookies know LAC 8 from the piggyback; 9 must be re-written
+        await lh.close_quietly()
+        for b in c.bookies:
+            assert b.processor is not None
+            b.processor.state = b.processor.state.UNREGISTERED  # adds refused, reads served
+        rec = c.client("rec", config())
+        with pytest.raises(NotEnoughBookiesError):
+            await rec.open_ledger(lh.id, password=PW)
+        md = await rec.ledger_metadata(lh.id)
+        assert md.state is LedgerState.IN_RECOVERY, "must not close the ledger short"
+        for b in c.bookies:
+            assert b.processor is not None
+            b.processor.state = b.processor.state.WRITABLE
+        assert await read_all(rec, lh.id) == (9, [b"e%d" % i for i in range(10)])
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s12_all_bookies_down_recovery_fails_and_ledger_stays_open() -> None:
+    async def body() -> None:
+        c = await started(3)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 2, 2, password=PW)
+        await write(lh, 5)
+        for b in c.bookies:
+            await b.crash(torn=False)
+        rec = c.client("rec", config())
+        with pytest.raises(BookieUnavailableError):
+            await rec.open_ledger(lh.id, password=PW)
+        assert (await rec.ledger_metadata(lh.id)).state is not LedgerState.CLOSED
+        for b in c.bookies:
+            await b.restart()
+        await asyncio.sleep(1)  # past the client's reconnect back-off
+        assert await read_all(rec, lh.id) == (4, [b"e%d" % i for i in range(5)])
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s3_fencing_and_recovery_with_a_hung_bookie() -> None:
+    async def body() -> None:
+        c = await started(3)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        await write(lh, 20)
+        hung = c.bookie(lh.metadata.ensembles[0][1][1])
+        c.net.partition("rec", hung.id)  # its answers never come
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        rh = await c.client("rec", config(read_timeout_s=30.0)).open_ledger(lh.id, password=PW)
+        assert rh.metadata.last_entry_id == 19
+        # Fencing needs Qw-Qa+1 = 2 answers per write set: no waiting for the hung one.
+        assert loop.time() - t0 < 5
+        with pytest.raises(LedgerFencedError):
+            await lh.append(b"late")
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s7_every_recovery_read_fences() -> None:
+    """Recovery reads carry the fence flag too (BookKeeper's TLA+-found bug): a bookie
+    that missed the fence round but answers a recovery read is fenced by it, so the old
+    writer cannot complete an entry there after the ledger is closed."""
+    async def body() -> None:
+        c = await started(3)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        await write(lh, 5)
+        seen: list[ReadRequest] = []
+        for b in c.bookies:
+            assert b.processor is not None
+            original = b.processor.handle
+
+            def spy(req: Any, conn: Any, original: Any = original) -> None:
+                if isinstance(req, ReadRequest) and conn.peer.startswith("rec:"):
+                    seen.append(req)
+                original(req, conn)
+
+            b.processor.handle = spy  # type: ignore[method-assign]
+        late = c.bookie(lh.metadata.ensembles[0][1][2])
+        c.net.partition("rec", late.id)
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.02, c.net.heal, "rec", late.id)  # it answers later reads
+        rh = await c.client("rec", config(read_timeout_s=1.0)).open_ledger(lh.id, password=PW)
+        last = rh.metadata.last_entry_id
+        assert last == 4
+        assert seen and all(r.flags & ReadFlag.FENCE for r in seen), seen
+        results = await asyncio.gather(*(lh.append(b"x") for _ in range(3)),
+                                       return_exceptions=True)
+        assert all(isinstance(r, Exception) for r in results)
+        assert await read_all(c.client("r", config()), lh.id) == (4, [b"e%d" % i for i in range(5)])
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s17_s18_close_variants() -> None:
+    async def body() -> None:
+        c = await started(3)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 2, 2, password=PW)
+        pending = [lh.append(b"e%d" % i) for i in range(10)]
+        await lh.close()  # waits for the adds in flight
+        assert [f.result() for f in pending] == list(range(10))
+        await lh.close()  # double close is harmless
+        with pytest.raises(LedgerClosedError):
+            lh.append(b"after")
+        assert (await bk.ledger_metadata(lh.id)).last_entry_id == 9
+        # Someone else recovered (and closed) the ledger: the writer's close fails.
+        lh2 = await bk.create_ledger(3, 2, 2, password=PW)
+        await write(lh2, 3)
+        await c.client("rec", config()).open_ledger(lh2.id, password=PW)
+        with pytest.raises((LedgerFencedError, LedgerClosedError)):
+            await lh2.append(b"x")
+        with pytest.raises((LedgerFencedError, LedgerClosedError)):
+            await lh2.close()
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s2_bad_password_does_not_fence() -> None:
+    async def body() -> None:
+        c = await started(3)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 2, 2, password=PW)
+        await write(lh, 3)
+        with pytest.raises(UnauthorizedAccessError):
+            await c.client("bad", config()).open_ledger(lh.id, password=b"wrong")
+        assert await lh.append(b"still mine") == 3
+        assert (await bk.ledger_metadata(lh.id)).state is LedgerState.OPEN
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s26_long_poll_with_some_bookies_down() -> None:
+    async def body() -> None:
+        c = await started(3)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        await write(lh, 3)
+        rh = await c.client("tail", config()).open_ledger(lh.id, password=PW, recovery=False)
+        down = c.bookie(lh.metadata.ensembles[0][1][0])
+        await down.crash(torn=False)
+        waiter = asyncio.create_task(rh.wait_for_lac(rh.last_add_confirmed, timeout=10))
+        await asyncio.sleep(0.1)
+        await write(lh, 3, start=3)
+        assert await waiter > 1
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_degraded_writing_without_a_spare_then_replacement() -> None:
+    async def body() -> None:
+        c = await started(3)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        await write(lh, 5)
+        dead = c.bookie(lh.metadata.ensembles[0][1][0])
+        await dead.crash(torn=False)
+        assert await write(lh, 20, start=5) == list(range(5, 25))  # Qa=2 still reachable
+        assert len(lh.metadata.ensembles) == 1
+        await dead.restart()  # not a spare: it is in the ensemble, so still excluded
+        c.bookies.append(spare := type(dead)("b9:3181", c.net, c.state, c.bookie_config))
+        await spare.start()
+        await asyncio.sleep(5)  # the periodic retry finds the spare
+        assert await write(lh, 5, start=25) == list(range(25, 30))
+        assert lh.metadata.ensembles[-1][1][0] == spare.id
+        await lh.close()
+        assert await read_all(c.client("r", config()), lh.id) == (29, [b"e%d" % i for i in range(30)])
+        await c.stop()
+
+    run_sim(body)
