@@ -161,7 +161,7 @@ async def test_wiped_or_swapped_directories_refuse_to_start(cluster: LocalCluste
     b.ledger_dir.rename(a.ledger_dir)
     tmp.rename(b.ledger_dir)
     shutil.rmtree(a.journal_dir)
-    with pytest.raises(BKError, match="no cookie"):
+    with pytest.raises(BKError, match="disk was wiped or replaced"):
         await a.start()
     await b.start()  # b's directories are its own again
 
