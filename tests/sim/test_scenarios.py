@@ -62,21 +62,58 @@ def test_s19_no_add_completes_while_the_ensemble_change_is_committed() -> None:
         assert await write(lh, 10) == list(range(10))
         store: BlockableStore = bk.meta
         store.gate = asyncio.Event()
-        victim = c.bookie(lh.metadata.ensembles[0][1][0])
-        await victim.crash(torn=False)
-        futures = [lh.append(b"e%d" % i) for i in range(10, 30)]
-        await asyncio.wait_for(store.waiting.wait(), 10)  # the change is at its CAS
-        await asyncio.sleep(2)  # the two healthy bookies have long acknowledged
-        assert not any(f.done() for f in futures), "completed during the ensemble change"
-        store.gate.set()
-        order: list[int] = []
+        refuser = c.bookie(lh.metadata.ensembles[0][1][0])
+        assert refuser.processor is not None
+        refuser.processor.state = refuser.processor.state.UNREGISTERED  # answers NOT_READY
+        futures = [lh.append(b"e%d" % i) for i in range(10, 30)]  # all sent to all three
+        completed_while_gated: list[int] = []
         for f in futures:
-            f.add_done_callback(lambda f: order.append(f.result()))
+            f.add_done_callback(lambda f: completed_while_gated.append(f.result())
+                                if store.waiting.is_set() and not store.gate.is_set() else None)
+        await asyncio.wait_for(store.waiting.wait(), 10)  # the change is at its CAS
+        pending_at_gate = sum(not f.done() for f in futures)
+        await asyncio.sleep(2)  # the two healthy bookies have long acknowledged
+        assert pending_at_gate > 0, "the test must catch adds in flight"
+        assert not completed_while_gated, "completed during the ensemble change"
+        store.gate.set()
         assert await asyncio.gather(*futures) == list(range(10, 30))
-        assert order == list(range(10, 30))
-        assert len(lh.metadata.ensembles) == 2 and lh.metadata.ensembles[1][0] == 10
+        assert len(lh.metadata.ensembles) == 2
         await lh.close()
         assert await read_all(c.client("r", config()), lh.id) == (29, [b"e%d" % i for i in range(30)])
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_failed_recovery_attempt_leaves_fragments_untouched() -> None:
+    """Simulator bug #2 (seed 1701), scripted: a recovery attempt whose re-writes need
+    an ensemble change, and which then fails, must not leave a fragment behind; the
+    next attempt recovers every acknowledged entry."""
+    async def body() -> None:
+        c = await started(6)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(4, 4, 4, password=PW)
+        for i in range(12):
+            await lh.append(b"e%d" % i)  # one at a time: bookies know LAC 10, 11 is re-written
+        await lh.close_quietly()
+        ensemble = lh.metadata.ensembles[0][1]
+        spares = [b for b in c.bookies if b.id not in ensemble]
+        refuser = c.bookie(ensemble[0])
+        assert refuser.processor is not None
+        refuser.processor.state = refuser.processor.state.UNREGISTERED  # refuses re-writes
+        for spare in spares:  # the replacements accept the fence but then die
+            assert spare.processor is not None
+            spare.processor.state = spare.processor.state.UNREGISTERED
+        rec = c.client("rec", config())
+        with pytest.raises(NotEnoughBookiesError):
+            await rec.open_ledger(lh.id, password=PW)
+        md = await rec.ledger_metadata(lh.id)
+        assert md.state is LedgerState.IN_RECOVERY
+        assert md.ensembles == lh.metadata.ensembles, "no half-done fragment was persisted"
+        for b in c.bookies:
+            assert b.processor is not None
+            b.processor.state = b.processor.state.WRITABLE
+        assert await read_all(rec, lh.id) == (11, [b"e%d" % i for i in range(12)])
         await c.stop()
 
     run_sim(body)

@@ -23,7 +23,7 @@ from ..config import BookieConfig
 from ..errors import BKError, ConfigError
 from ..log import get_logger
 from ..meta.api import MetadataStore
-from ..meta.uri import open_metadata_store
+from ..meta.uri import open_metadata_store, parse_metadata_uri
 from ..net.server import BookieListener
 from .cookie import DirectoryLock, check_or_format
 from .processor import BookieState, RequestProcessor
@@ -39,6 +39,7 @@ class BookieServer:
             raise ConfigError("a bookie needs --journal-dir and --ledger-dir")
         if config.port == 0:
             raise ConfigError("a bookie needs a fixed --port: its id is host:port")
+        parse_metadata_uri(config.metadata_uri)  # bad input fails before anything is touched
         self.config = config
         host = config.advertised_host or config.host
         self.bookie_id = f"{host}:{config.port}"

@@ -352,6 +352,7 @@ class LedgerHandle(ReadHandle):
         self._recovery = recovery
         self._add_flags = AddFlag.RECOVERY_ADD if recovery else AddFlag.NONE
         self._writable_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
+        self._persisted_ensembles = metadata.ensembles
         self._lac = lac
         self._next_entry_id = lac + 1
         self._length = length
@@ -619,24 +620,24 @@ class LedgerHandle(ReadHandle):
 
     async def _commit_ensemble(self, first: int, ensemble: Ensemble) -> LedgerMetadata:
         md = self._metadata
+        if self._recovery:
+            # A recovery keeps its fragments to itself until the close commits them
+            # with the CLOSED state in one CAS.  Persisting one now would let a later
+            # recovery attempt (after this one fails) read entries past our progress
+            # from a replacement that never got them, and take its "no such entry"
+            # for evidence that an acknowledged entry does not exist.
+            return md.replace(ensembles=_with_fragment(md.ensembles, first, ensemble, self.id))
         while True:
             if md.state is not self._writable_state:
                 if md.state is LedgerState.CLOSED:
                     raise LedgerClosedError(f"ledger {self.id} was closed by someone else")
                 raise LedgerFencedError(
                     f"ledger {self.id} is {md.state.value}: another client is recovering it")
-            fragments = list(md.ensembles)
-            last_first, last_ensemble = fragments[-1]
-            invariant(last_first <= first,
-                      f"ledger {self.id}: new fragment at {first} before the last at {last_first}")
-            if last_ensemble == ensemble:
+            if md.ensembles[-1][1] == ensemble:
                 return md  # our own earlier write landed
-            if last_first == first:
-                fragments[-1] = (first, ensemble)
-            else:
-                fragments.append((first, ensemble))
+            fragments = _with_fragment(md.ensembles, first, ensemble, self.id)
             try:
-                return await self._bk.meta.update_ledger(md.replace(ensembles=tuple(fragments)))
+                return await self._bk.meta.update_ledger(md.replace(ensembles=fragments))
             except MetadataVersionError:
                 md = await self._bk.meta.read_ledger(self.id)
 
@@ -697,6 +698,8 @@ class LedgerHandle(ReadHandle):
         id, length).  Idempotent."""
         if self._closing is None:
             self._closing = self._loop.create_task(self._close())
+            # If every caller awaiting it is cancelled, its error is still consumed.
+            self._closing.add_done_callback(_consume_error)
         await asyncio.shield(self._closing)
 
     async def close_quietly(self) -> None:
@@ -739,7 +742,12 @@ class LedgerHandle(ReadHandle):
                     md = await self._bk.meta.update_ledger(md.replace(
                         state=LedgerState.CLOSED, last_entry_id=self._lac, length=self._length))
                 except MetadataVersionError:
-                    md = await self._bk.meta.read_ledger(self.id)
+                    fresh = await self._bk.meta.read_ledger(self.id)
+                    if self._recovery and not fresh.is_closed:
+                        if fresh.ensembles != self._persisted_ensembles:
+                            raise  # someone else changed the fragments: start over
+                        fresh = fresh.replace(ensembles=self._metadata.ensembles)
+                    md = fresh
                     continue
                 break
             self._metadata = md
@@ -747,6 +755,21 @@ class LedgerHandle(ReadHandle):
                            recovery=self._recovery)
         finally:
             self._cancel_timers()
+
+
+def _with_fragment(fragments: tuple[Any, ...], first: int, ensemble: Ensemble,
+                   ledger_id: int) -> tuple[Any, ...]:
+    """``fragments`` with a new last fragment at ``first`` (replacing the last one if it
+    starts there too: several changes before any entry completes)."""
+    out = list(fragments)
+    last_first = out[-1][0]
+    invariant(last_first <= first,
+              f"ledger {ledger_id}: new fragment at {first} before the last at {last_first}")
+    if last_first == first:
+        out[-1] = (first, ensemble)
+    else:
+        out.append((first, ensemble))
+    return tuple(out)
 
 
 class _AddCallback:
@@ -761,6 +784,11 @@ class _AddCallback:
 
     def __call__(self, result: Any) -> None:
         self.handle._on_add_response(self.op, self.position, self.bookie, result)
+
+
+def _consume_error(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _ignore(result: Any) -> None:

@@ -4,7 +4,8 @@ checked against the invariants of the architecture.
 ``run_simulation(seed)`` builds a random cluster (3-6 bookies, random E/Qw/Qa),
 lets a writer pipeline appends while a fault injector crashes bookies (with or
 without torn writes), restarts them, partitions clients from bookies and heals
-them, possibly kills the writer, and starts concurrent recoverers.  At the end
+them, resets connections (loss), possibly kills the writer, and starts
+concurrent recoverers.  At the end
 every fault is healed, every bookie restarted, and two fresh readers recover
 and read the ledger.  The checkers then assert:
 
@@ -73,7 +74,8 @@ class _Run:
         self.tailed: list[tuple[int, bytes]] = []
         self.ledger_id = -1
         self.writer_done = asyncio.Event()
-        self.stats = {"crashes": 0, "torn": 0, "partitions": 0, "writer_killed": 0,
+        self.stats = {"crashes": 0, "torn": 0, "partitions": 0, "link_resets": 0,
+                      "writer_killed": 0,
                       "recovery_attempts": 0, "ensemble_changes": 0}
 
     def log(self, text: str) -> None:
@@ -182,7 +184,14 @@ class _Run:
                     self.log(f"partition {who} | {victim.id} for {span:.2f}s")
                     self.net.partition(who, victim.id)
                     self.loop.call_later(span, self.net.heal, who, victim.id)
-                elif roll < 0.72 and not writer_task.done():
+                elif roll < 0.68 and self.net.links:
+                    # Loss, TCP-style: a connection dies mid-stream.
+                    number = self.rng.choice(sorted(self.net.links))
+                    link = self.net.links[number]
+                    self.stats["link_resets"] += 1
+                    self.log(f"reset link {link.endpoints[0]} | {link.endpoints[1]}")
+                    link.reset("lost")
+                elif roll < 0.75 and not writer_task.done():
                     self.stats["writer_killed"] += 1
                     self.log("writer killed")
                     writer_task.cancel()
