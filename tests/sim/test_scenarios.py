@@ -145,6 +145,80 @@ def test_s20_recovery_during_the_writers_ensemble_change_wins() -> None:
     run_sim(body)
 
 
+def test_s20_writer_change_meeting_a_ledger_in_recovery_fails() -> None:
+    """The writer's ensemble change commits only on an OPEN ledger: meeting one that a
+    recoverer has put IN_RECOVERY (not yet closed) fails its adds, instead of moving
+    them to bookies the recovery never fenced."""
+    async def body() -> None:
+        c = await started(5)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        await write(lh, 10)
+        wstore: BlockableStore = bk.meta
+        wstore.gate = asyncio.Event()
+        await c.bookie(lh.metadata.ensembles[0][1][0]).crash(torn=False)
+        futures = [lh.append(b"e%d" % i) for i in range(10, 20)]
+        await asyncio.wait_for(wstore.waiting.wait(), 10)  # writer held at its CAS
+        rec = c.client("rec", config())
+        rstore: BlockableStore = rec.meta
+        rstore.gate = asyncio.Event()
+        rstore.gate_if = lambda md: md.state is LedgerState.CLOSED  # hold only the close
+        recovery = asyncio.create_task(rec.open_ledger(lh.id, password=PW))
+        await asyncio.wait_for(rstore.waiting.wait(), 10)  # IN_RECOVERY, about to close
+        wstore.gate.set()
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        assert all(isinstance(r, LedgerFencedError) for r in results), results
+        md = await rec.ledger_metadata(lh.id)
+        assert md.state is LedgerState.IN_RECOVERY and len(md.ensembles) == 1
+        rstore.gate.set()
+        last = (await recovery).metadata.last_entry_id
+        assert await read_all(c.client("r", config()), lh.id) == (
+            last, [b"e%d" % i for i in range(last + 1)])
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s12_undecidable_entry_fails_recovery_instead_of_closing_short() -> None:
+    """The bookies holding an acknowledged entry are silent and too few others say it
+    is missing: recovery must fail (ledger stays IN_RECOVERY), not close before it."""
+    async def body() -> None:
+        c = await started(3)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        await write(lh, 10)
+        # Entry 10 reaches only two bookies: the third refuses it, and with no spare
+        # the writer goes on without it (each write set keeps Qa=2).
+        third = c.bookie(lh.metadata.ensembles[0][1][2])
+        assert third.processor is not None
+        third.processor.state = third.processor.state.UNREGISTERED
+        assert await lh.append(b"e10") == 10
+        await lh.close_quietly()
+        silent = [c.bookie(b) for b in lh.metadata.ensembles[0][1][:2]]
+        for b in silent:
+            assert b.processor is not None
+            original = b.processor.handle
+
+            def drop(req: Any, conn: Any, original: Any = original) -> None:
+                if isinstance(req, ReadRequest) and req.entry_id >= 10:
+                    return  # never answered
+                original(req, conn)
+
+            b.processor.handle = drop  # type: ignore[method-assign]
+        third.processor.state = third.processor.state.WRITABLE
+        rec = c.client("rec", config())
+        with pytest.raises(BookieUnavailableError, match="cannot tell"):
+            await rec.open_ledger(lh.id, password=PW)
+        assert (await rec.ledger_metadata(lh.id)).state is LedgerState.IN_RECOVERY
+        for b in silent:
+            assert b.processor is not None
+            del b.processor.handle  # back to the class method
+        assert await read_all(rec, lh.id) == (10, [b"e%d" % i for i in range(11)])
+        await c.stop()
+
+    run_sim(body)
+
+
 def test_s15_recovery_stops_at_a_gap() -> None:
     async def body() -> None:
         c = await started(3)

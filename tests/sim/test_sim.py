@@ -48,6 +48,6 @@ def test_the_runs_exercise_faults() -> None:
     for seed in range(100):
         for k, v in run_simulation(seed).stats.items():
             totals[k] = totals.get(k, 0) + v
-    for key in ("crashes", "torn", "partitions", "link_resets", "writer_killed",
+    for key in ("crashes", "torn", "partitions", "link_resets", "refusals", "writer_killed",
                 "recovery_attempts", "ensemble_changes"):
         assert totals[key] > 0, f"no run had any {key}: {totals}"

@@ -488,6 +488,8 @@ class BlockableStore(MemoryMetadataStore):
         super().__init__(**kwargs)
         self._history = history
         self.gate: asyncio.Event | None = None
+        self.gate_if: Callable[[Any], bool] = lambda md: True
+        """Which updates the gate holds (all by default)."""
         self.waiting = asyncio.Event()
 
     async def create_ledger(self, md: Any) -> Any:
@@ -496,7 +498,7 @@ class BlockableStore(MemoryMetadataStore):
         return out
 
     async def update_ledger(self, md: Any) -> Any:
-        if self.gate is not None:
+        if self.gate is not None and self.gate_if(md):
             self.waiting.set()
             await self.gate.wait()
         out = await super().update_ledger(md)

@@ -14,7 +14,10 @@ and read the ledger.  The checkers then assert:
    (so no add was acknowledged to a fenced writer beyond the recovered end);
 3. every reader and every recoverer agrees on the last entry id and the bytes;
 4. a tailing reader saw a prefix of the final ledger, in order;
-5. ledger metadata versions only increase, states only move forward
+5. every entry of the closed ledger is stored on at least Qa bookies of the
+   write set its fragment names (invariant 1's premise: simulated disks never
+   die, so an under-replicated entry would otherwise go unnoticed);
+6. ledger metadata versions only increase, states only move forward
    (OPEN -> IN_RECOVERY -> CLOSED), fragments are only appended (or the last
    one replaced at the same first entry), and a closed ledger never changes.
 
@@ -34,6 +37,7 @@ from typing import Any
 
 from ..client.client import BookKeeper
 from ..client.ledger import LedgerHandle, ReadHandle
+from ..client.quorum import write_set
 from ..config import ClientConfig
 from ..errors import BKError
 from ..meta.model import LedgerState
@@ -74,7 +78,8 @@ class _Run:
         self.tailed: list[tuple[int, bytes]] = []
         self.ledger_id = -1
         self.writer_done = asyncio.Event()
-        self.stats = {"crashes": 0, "torn": 0, "partitions": 0, "link_resets": 0,
+        self.pace_s = 0.0
+        self.stats = {"crashes": 0, "torn": 0, "partitions": 0, "link_resets": 0, "refusals": 0,
                       "writer_killed": 0,
                       "recovery_attempts": 0, "ensemble_changes": 0}
 
@@ -118,7 +123,9 @@ class _Run:
                 self.appended[i] = payload
                 fut.add_done_callback(on_ack)
                 outstanding.append(fut)
-                if self.rng.random() < 0.1:
+                if self.pace_s and self.rng.random() < 0.5:
+                    await asyncio.sleep(self.rng.uniform(0, self.pace_s))
+                elif self.rng.random() < 0.1:
                     await asyncio.sleep(self.rng.uniform(0, 0.05))
             if self.rng.random() < 0.7:
                 try:
@@ -161,10 +168,19 @@ class _Run:
                      writer_task: asyncio.Task[None]) -> None:
         restarts: list[asyncio.Task[None]] = []
         try:
-            for _ in range(self.rng.randint(0, 12)):
-                await asyncio.sleep(self.rng.uniform(0.01, 0.6))
+            for _ in range(self.rng.randint(0, 20)):
+                await asyncio.sleep(self.rng.uniform(0.005, 0.4))
                 roll = self.rng.random()
-                if roll < 0.35:
+                if roll < 0.1:
+                    # A bookie that answers but refuses adds for a while (lease lost):
+                    # forces ensemble changes, also in the middle of recoveries.
+                    up = [b for b in bookies if b.up and b.processor is not None]
+                    if up:
+                        victim = self.rng.choice(up)
+                        self.stats["refusals"] += 1
+                        self.log(f"{victim.id} refuses adds")
+                        await self._refuse_for(victim, self.rng.uniform(0.05, 2.0))
+                elif roll < 0.4:
                     up = [b for b in bookies if b.up]
                     if not up:
                         continue
@@ -203,6 +219,17 @@ class _Run:
             for t in restarts:
                 await t
 
+    async def _refuse_for(self, bookie: SimBookie, span_s: float) -> None:
+        processor = bookie.processor
+        assert processor is not None
+        processor.state = processor.state.UNREGISTERED
+
+        def back() -> None:
+            if bookie.processor is processor and bookie.up:
+                processor.state = processor.state.WRITABLE
+
+        self.loop.call_later(span_s, back)
+
     async def _restart_later(self, bookie: SimBookie, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
         self.log(f"restart {bookie.id}")
@@ -218,8 +245,9 @@ class _Run:
         a = rng.randint(1, w)
         count = rng.randint(1, 300)
         window = rng.choice([1, 4, 32, 128])
+        self.pace_s = rng.choice([0.0, 0.002, 0.01])
         self.result.config = {"bookies": n, "E": e, "Qw": w, "Qa": a, "entries": count,
-                              "window": window}
+                              "window": window, "pace_s": self.pace_s}
         self.log(f"config {self.result.config}")
         self.cluster = cluster = SimCluster(rng.getrandbits(64), n)
         self.net = cluster.net
@@ -232,8 +260,9 @@ class _Run:
         writer_task = asyncio.create_task(self.writer(writer_bk, lh, count, window))
         tail_task = (asyncio.create_task(self.tailer(self.client("tail")))
                      if rng.random() < 0.5 else None)
-        recoverers = [asyncio.create_task(self.recoverer(f"rec{i}", rng.uniform(0.0, 3.0)))
-                      for i in range(rng.choice([0, 0, 1, 2]))]
+        writing_s = count * self.pace_s / 4 + 0.2  # about how long the writer runs
+        recoverers = [asyncio.create_task(self.recoverer(f"rec{i}", rng.uniform(0.0, writing_s)))
+                      for i in range(rng.choice([0, 1, 1, 2, 3]))]
         fault_task = asyncio.create_task(self.faults(bookies, "writer", lh, writer_task))
         try:
             await asyncio.wait([writer_task])
@@ -305,11 +334,35 @@ class _Run:
                 v.append(f"entry {eid} reads {data[eid][:24]!r}, appended "
                          f"{self.appended.get(eid, b'<never>')[:24]!r}")
                 break
+        self.check_replication(last)
         for i, (eid, payload) in enumerate(self.tailed):
             if eid != i or eid > last or payload != data[eid]:
                 v.append(f"tailing reader saw entry {eid} at position {i} wrongly")
                 break
         self.check_metadata()
+
+    def check_replication(self, last: int) -> None:
+        """Invariant 1's premise: every entry of the closed ledger is on at least Qa
+        bookies of the write set the metadata names for it (so losing any Qa-1 of
+        them loses nothing).  Simulated disks never die, so without this check an
+        under-replicated entry would go unnoticed."""
+        assert self.cluster is not None
+        md = max((m for m in self.cluster.history if m.ledger_id == self.ledger_id),
+                 key=lambda m: m.version)
+        for eid in range(last + 1):
+            ensemble = md.ensemble_at(eid)
+            holders = [ensemble[p] for p in write_set(eid, md.ensemble_size, md.write_quorum)
+                       if eid in self._stored(ensemble[p])]
+            if len(holders) < md.ack_quorum:
+                self.result.violations.append(
+                    f"entry {eid} is on {len(holders)} bookie(s) of its write set "
+                    f"({holders}), fewer than Qa={md.ack_quorum}")
+                return
+
+    def _stored(self, bookie_id: str) -> dict[int, bytes]:
+        assert self.cluster is not None
+        ledger = self.cluster.bookie(bookie_id).disk.ledgers.get(self.ledger_id)
+        return ledger.entries if ledger is not None else {}
 
     def check_metadata(self) -> None:
         v = self.result.violations
