@@ -458,3 +458,83 @@ def test_degraded_writing_without_a_spare_then_replacement() -> None:
         await c.stop()
 
     run_sim(body)
+
+
+def test_s8_recovery_replaces_two_bookies_that_refuse_rewrites() -> None:
+    async def body() -> None:
+        c = await started(5)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        for i in range(10):
+            await lh.append(b"e%d" % i)  # one at a time: bookies know LAC 8, 9 is re-written
+        await lh.close_quietly()
+        refusing = lh.metadata.ensembles[0][1][:2]
+        for bid in refusing:
+            p = c.bookie(bid).processor
+            assert p is not None
+            p.state = p.state.UNREGISTERED  # reads served, adds refused
+        rh = await c.client("rec", config()).open_ledger(lh.id, password=PW)
+        md = rh.metadata
+        assert md.last_entry_id == 9
+        assert [f for f, _ in md.ensembles] == [0, 9]
+        assert not set(refusing) & set(md.ensembles[1][1])
+        for bid in refusing:
+            await c.bookie(bid).crash(torn=False)
+        assert await read_all(c.client("r", config()), lh.id) == (9, [b"e%d" % i for i in range(10)])
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s10_last_fragment_with_fresh_bookies_reporting_lac_minus_one() -> None:
+    """The writer changed its ensemble at 10 and died before writing there: the new
+    fragment's bookie knows nothing (LAC -1).  Recovery starts at 9, not at -1."""
+    async def body() -> None:
+        c = await started(2)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(1, 1, 1, password=PW)
+        await write(lh, 10)
+        await lh.close_quietly()
+        spare = next(b.id for b in c.bookies if b.id not in lh.metadata.ensembles[0][1])
+        md = await bk.ledger_metadata(lh.id)
+        await bk.meta.update_ledger(md.replace(ensembles=md.ensembles + ((10, (spare,)),)))
+        rh = await c.client("rec", config()).open_ledger(lh.id, password=PW)
+        assert rh.metadata.last_entry_id == 9
+        assert rh.metadata.length == sum(len(b"e%d" % i) for i in range(10))
+        assert [f for f, _ in rh.metadata.ensembles] == [0, 10]
+        assert await read_all(c.client("r", config()), lh.id) == (9, [b"e%d" % i for i in range(10)])
+        await c.stop()
+
+    run_sim(body)
+
+
+def test_s14_bookie_crash_in_the_middle_of_recovery() -> None:
+    async def body() -> None:
+        c = await started(4)
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        for i in range(10):
+            await lh.append(b"e%d" % i)
+        await asyncio.gather(*(lh.append(b"e%d" % i) for i in range(10, 30)))
+        await lh.close_quietly()
+        victim = c.bookie(lh.metadata.ensembles[0][1][1])
+        assert victim.processor is not None
+        original = victim.processor.handle
+        crashed: list[bool] = []
+
+        def crash_on_rewrite(req: Any, conn: Any) -> None:
+            if isinstance(req, AddRequest) and req.flags and not crashed:
+                crashed.append(True)
+                asyncio.get_running_loop().create_task(victim.crash(torn=True))
+                return
+            original(req, conn)
+
+        victim.processor.handle = crash_on_rewrite  # type: ignore[method-assign]
+        rh = await c.client("rec", config()).open_ledger(lh.id, password=PW)
+        assert crashed, "the victim crashed during recovery"
+        assert rh.metadata.last_entry_id == 29
+        assert victim.id not in rh.metadata.ensembles[-1][1]
+        assert await read_all(c.client("r", config()), lh.id) == (29, [b"e%d" % i for i in range(30)])
+        await c.stop()
+
+    run_sim(body)
