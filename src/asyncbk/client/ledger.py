@@ -62,6 +62,7 @@ from ..errors import (
 )
 from ..log import get_logger
 from ..meta.model import Ensemble, LedgerMetadata, LedgerState
+from ..net.channel import next_answers
 from ..proto import (
     AddFlag,
     AddRequest,
@@ -182,21 +183,16 @@ class ReadHandle:
         launch()
         try:
             while inflight:
-                done, _ = await asyncio.wait(
-                    inflight, timeout=speculate_s if tried < len(replicas) else None,
-                    return_when=asyncio.FIRST_COMPLETED)
-                if not done:  # the current replicas are slow: ask one more
+                answers = await next_answers(
+                    inflight, speculate_s if tried < len(replicas) else None)
+                if not answers:  # the current replicas are slow: ask one more
                     launch()
                     continue
-                for fut in [f for f in inflight if f in done]:  # send order: replayable
-                    bookie = inflight.pop(fut)
-                    exc = fut.exception()
-                    if exc is not None:
-                        if not isinstance(exc, BKError):
-                            raise exc
-                        errors.append(exc)
+                for bookie, r in answers:
+                    if isinstance(r, BKError):
+                        errors.append(r)
                     else:
-                        entry = self._accept_read(fut.result(), bookie, entry_id, errors)
+                        entry = self._accept_read(r, bookie, entry_id, errors)
                         if entry is not None:
                             return entry
                     if tried < len(replicas):

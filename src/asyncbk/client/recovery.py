@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..log import get_logger
 from ..meta.model import LedgerMetadata, LedgerState
+from ..net.channel import next_answers
 from ..proto import ReadFlag, ReadRequest, ReadResponse, Response, Status
 from .digest import DigestManager, master_key
 from .ledger import LedgerHandle
@@ -128,16 +129,10 @@ class LedgerRecoveryOp:
 
         try:
             while inflight and not covered():
-                done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-                for fut in [f for f in inflight if f in done]:  # send order: replayable
-                    pos = inflight.pop(fut)
-                    exc = fut.exception()
-                    if exc is not None:
-                        if not isinstance(exc, BKError):
-                            raise exc
-                        errors.append(f"{ensemble[pos]}: {exc}")
+                for pos, r in await next_answers(inflight):
+                    if isinstance(r, BKError):
+                        errors.append(f"{ensemble[pos]}: {r}")
                         continue
-                    r = fut.result()
                     assert isinstance(r, ReadResponse)
                     if r.status == Status.UNAUTHORIZED:
                         raise UnauthorizedAccessError(f"ledger {md.ledger_id}: wrong password")
@@ -188,16 +183,10 @@ class LedgerRecoveryOp:
         errors: list[str] = []
         try:
             while inflight:
-                done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-                for fut in [f for f in inflight if f in done]:  # send order: replayable
-                    pos = inflight.pop(fut)
-                    exc = fut.exception()
-                    if exc is not None:
-                        if not isinstance(exc, BKError):
-                            raise exc
-                        errors.append(f"{ensemble[pos]}: {exc}")
+                for pos, r in await next_answers(inflight):
+                    if isinstance(r, BKError):
+                        errors.append(f"{ensemble[pos]}: {r}")
                         continue
-                    r = fut.result()
                     assert isinstance(r, ReadResponse)
                     if r.status == Status.OK:
                         try:

@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from ..errors import (
     BKError,
@@ -268,6 +268,27 @@ class BookieChannel(asyncio.Protocol):
             entry.callback(TimeoutError(f"bookie {self.bookie_id} did not answer in time"))
         if self._pending:
             self._sweep_handle = self._loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
+
+
+K = TypeVar("K")
+
+
+async def next_answers(inflight: dict[asyncio.Future[Response], K],
+                       timeout_s: float | None = None) -> list[tuple[K, Response | BKError]]:
+    """Wait until at least one request of ``inflight`` (future -> caller's key) is
+    answered and return every answered one as ``(key, response or BKError)``, removed
+    from ``inflight``, in the order they were sent (so a simulated run replays the
+    same way); ``[]`` if ``timeout_s`` passes first.  Other exceptions propagate."""
+    done, _ = await asyncio.wait(inflight, timeout=timeout_s,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    out: list[tuple[K, Response | BKError]] = []
+    for fut in [f for f in inflight if f in done]:
+        key = inflight.pop(fut)
+        exc = fut.exception()
+        if exc is not None and not isinstance(exc, BKError):
+            raise exc
+        out.append((key, exc if isinstance(exc, BKError) else fut.result()))
+    return out
 
 
 class BookieClient:
