@@ -53,14 +53,19 @@ def test_help_everywhere(command: list[str]) -> None:
     (["nosuchcommand"], "invalid choice"),
     (["shell", "ledgermetadata", "--metadata-uri", "etcd://127.0.0.1:1/x", "12"],
      "cannot reach etcd"),
+    (["bookie", "--metadata-uri", "etcd://127.0.0.1:1/x", "--port", "4000", "--journal-dir",
+      "j", "--ledger-dir", "l"], "cannot reach etcd"),
 ])
-def test_bad_input_is_one_line(args: list[str], expect: str) -> None:
+def test_bad_input_is_one_line(args: list[str], expect: str, tmp_path: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # relative directories in the arguments land here
     r = run_cli(*args)
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert expect in lines[0]
     assert "Traceback" not in r.stderr
+    assert not (tmp_path / "j").exists(), "bad input must not create directories"
 
 
 def test_bad_config_value_is_one_line(tmp_path: Path) -> None:

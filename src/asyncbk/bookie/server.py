@@ -59,9 +59,10 @@ class BookieServer:
     async def start(self) -> None:
         cfg = self.config
         try:
+            # The store first: a bookie that cannot reach it creates nothing on disk.
+            self.meta = await open_metadata_store(cfg.metadata_uri, timeout_s=cfg.metadata_timeout_s)
             self._lock = DirectoryLock(Path(cfg.journal_dir), Path(cfg.ledger_dir))
             await asyncio.to_thread(self._lock.acquire)
-            self.meta = await open_metadata_store(cfg.metadata_uri, timeout_s=cfg.metadata_timeout_s)
             await check_or_format(self.meta, self.bookie_id, Path(cfg.journal_dir),
                                   Path(cfg.ledger_dir))
             self.storage = await LedgerStorage.open(Path(cfg.journal_dir), Path(cfg.ledger_dir),
