@@ -93,3 +93,28 @@ def test_arbitrary_bytes_only_raise_protocol_error(body: bytes) -> None:
         decode_request(body)
     except ProtocolError:
         pass
+
+
+@given(st.builds(AddRequest, ids, ids, eids, st.binary(max_size=64), st.integers(0, 3), eids,
+                 st.one_of(st.binary(max_size=300), st.binary(min_size=70_000, max_size=70_010))))
+def test_shared_add_frame_is_byte_identical(msg: AddRequest) -> None:
+    from asyncbk.proto import add_request_frame, add_request_tail
+
+    tail = add_request_tail(msg.ledger_id, msg.entry_id, msg.master_key, msg.flags, msg.lac,
+                            msg.body)
+    assert b"".join(add_request_frame(msg.request_id, tail)) == encode_request(msg)
+
+
+@pytest.mark.parametrize("arr", [
+    [PROTOCOL_VERSION, Op.ADD, 1, True, 1, b"k", 0, -1, b"b"],      # bool is not int
+    [PROTOCOL_VERSION, True, 1, 1, 1, b"k", 0, -1, b"b"],           # bool op
+    [PROTOCOL_VERSION, Op.ADD, -1, 1, 1, b"k", 0, -1, b"b"],        # negative request id
+    [PROTOCOL_VERSION, Op.ADD, 1, 1, 1, "k", 0, -1, b"b"],          # str key
+])
+def test_fast_path_rejects_what_the_checked_path_rejects(arr: list[object]) -> None:
+    with pytest.raises(ProtocolError):
+        decode_request(msgpack.packb(arr, use_bin_type=True))
+    resp = [PROTOCOL_VERSION, Op.ADD, arr[2], 0, arr[3], 1]
+    if arr[2] == -1 or arr[3] is True:
+        with pytest.raises(ProtocolError):
+            decode_response(msgpack.packb(resp, use_bin_type=True))

@@ -65,7 +65,6 @@ from ..meta.model import Ensemble, LedgerMetadata, LedgerState
 from ..net.channel import next_answers
 from ..proto import (
     AddFlag,
-    AddRequest,
     AddResponse,
     LongPollLacRequest,
     LongPollLacResponse,
@@ -76,6 +75,8 @@ from ..proto import (
     Response,
     Status,
     WriteLacRequest,
+    add_request_frame,
+    add_request_tail,
 )
 from ..types import BookieId, LedgerEntry
 from .digest import DigestManager, master_key
@@ -445,14 +446,17 @@ class LedgerHandle(ReadHandle):
         timeout_s = self._bk.config.add_timeout_s
         lac = self._lac
         self._lac_sent = max(self._lac_sent, lac)
+        # Packed once; each bookie's frame differs only by its request id.
+        tail = add_request_tail(md.ledger_id, op.entry_id, self._master_key, self._add_flags,
+                                lac, op.body)
         for pos in positions:
             if pos in self._degraded:
                 continue
             bookie = ensemble[pos]
             ch = client.channel(bookie)
-            req = AddRequest(ch.next_request_id(), md.ledger_id, op.entry_id, self._master_key,
-                             self._add_flags, lac, op.body)
-            ch.send(req, _AddCallback(self, op, pos, bookie), timeout_s)
+            rid = ch.next_request_id()
+            ch.send_frame(rid, add_request_frame(rid, tail), _AddCallback(self, op, pos, bookie),
+                          timeout_s)
 
     # ------------------------------------------------------------------ responses
 

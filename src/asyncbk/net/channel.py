@@ -117,6 +117,12 @@ class BookieChannel(asyncio.Protocol):
         The callback may run synchronously (before ``send`` returns) when the
         request fails at once (channel closed, backing off, too many in flight).
         """
+        self.send_frame(request.request_id, (encode_request(request),), callback, timeout_s)
+
+    def send_frame(self, request_id: int, frame: tuple[bytes, ...], callback: Callback,
+                   timeout_s: float) -> None:
+        """``send`` for a request already encoded as frame pieces (see
+        ``proto.add_request_frame``: one add's body is shared by its bookies)."""
         if self._closed:
             callback(BookieUnavailableError(f"connection to bookie {self.bookie_id} is closed"))
             return
@@ -132,9 +138,8 @@ class BookieChannel(asyncio.Protocol):
                     f"retrying in {self._retry_at_s - now:.2f}s"))
                 return
             self._connect_task = self._loop.create_task(self._connect())
-        self._pending[request.request_id] = _Pending(
-            callback, self._loop.time() + timeout_s)
-        self._unsent.append(encode_request(request))
+        self._pending[request_id] = _Pending(callback, self._loop.time() + timeout_s)
+        self._unsent.extend(frame)
         if self._transport is not None and not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)

@@ -21,6 +21,8 @@ from .messages import (
     Status,
     WriteLacRequest,
     WriteLacResponse,
+    add_request_frame,
+    add_request_tail,
     decode_request,
     decode_response,
     encode_request,
@@ -32,6 +34,6 @@ __all__ = [
     "BookieInfoRequest", "BookieInfoResponse", "FrameDecoder", "LongPollLacRequest",
     "LongPollLacResponse", "Op", "ReadFlag", "ReadLacRequest", "ReadLacResponse",
     "ReadRequest", "ReadResponse", "Request", "Response", "Status", "WriteLacRequest",
-    "WriteLacResponse", "decode_request", "decode_response", "encode_frame",
+    "WriteLacResponse", "add_request_frame", "add_request_tail", "decode_request", "decode_response", "encode_frame",
     "encode_request", "encode_response",
 ]
