@@ -118,3 +118,11 @@ def test_fast_path_rejects_what_the_checked_path_rejects(arr: list[object]) -> N
     if arr[2] == -1 or arr[3] is True:
         with pytest.raises(ProtocolError):
             decode_response(msgpack.packb(resp, use_bin_type=True))
+
+
+@given(st.builds(AddResponse, ids, st.integers(0, 10), ids, eids))
+def test_fast_add_response_is_byte_identical(msg: AddResponse) -> None:
+    from asyncbk.proto import encode_add_response
+
+    assert encode_add_response(msg.request_id, msg.status, msg.ledger_id,
+                               msg.entry_id) == encode_response(msg)

@@ -17,12 +17,14 @@ from asyncbk.proto import (
     AddFlag,
     AddRequest,
     BookieInfoRequest,
+    FrameDecoder,
     LongPollLacRequest,
     ReadFlag,
     ReadLacRequest,
     ReadRequest,
     Status,
     WriteLacRequest,
+    decode_response,
 )
 
 pytestmark = pytest.mark.usefixtures("loop_errors")
@@ -42,6 +44,10 @@ class Conn:
     def respond(self, response: Any) -> None:
         self.responses.append(response)
         self.new.set()
+
+    def respond_frame(self, frame: bytes) -> None:
+        (body,) = FrameDecoder(1 << 20).feed(frame)
+        self.respond(decode_response(body))
 
     def pause_reading(self, reason: str) -> None:
         self.paused.add(reason)

@@ -47,8 +47,11 @@ from ..proto import (
     Status,
     WriteLacRequest,
     WriteLacResponse,
+    encode_add_response,
 )
 from .storage import LedgerStorage
+
+_RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
 
 LONG_POLL_WAITERS_MAX = 10_000
 LONG_POLL_TIMEOUT_MS_MAX = 60_000
@@ -135,11 +138,10 @@ class RequestProcessor:
             self._inflight_adds -= 1
             if self._inflight_adds == 0:
                 self._drained.set()
-            if f.cancelled() or f.exception() is not None:
-                status = Status.IO_ERROR
-            else:
-                status = Status.OK
-            conn.respond(AddResponse(req.request_id, status, req.ledger_id, req.entry_id))
+            ok = not f.cancelled() and f.exception() is None
+            conn.respond_frame(encode_add_response(req.request_id, Status.OK if ok
+                                                   else Status.IO_ERROR, req.ledger_id,
+                                                   req.entry_id))
 
         fut.add_done_callback(done)
         if self.storage.journal_queue_entries >= self._queue_high:
@@ -150,11 +152,13 @@ class RequestProcessor:
             return Status.BAD_REQUEST
         if not req.master_key or len(req.master_key) > MASTER_KEY_BYTES_MAX:
             return Status.BAD_REQUEST
-        recovery = bool(req.flags & AddFlag.RECOVERY_ADD)
-        if self.state is BookieState.READ_ONLY and not recovery:
-            return Status.READ_ONLY
-        if self.state in (BookieState.STARTING, BookieState.UNREGISTERED, BookieState.DRAINING):
-            return Status.NOT_READY
+        recovery = req.flags & _RECOVERY_ADD  # a plain int test: this runs for every add
+        if self.state is not BookieState.WRITABLE:
+            if self.state is BookieState.READ_ONLY:
+                if not recovery:
+                    return Status.READ_ONLY
+            else:
+                return Status.NOT_READY
         info = self.storage.ledger(req.ledger_id)
         if info is not None:
             if info.master_key != req.master_key:

@@ -48,9 +48,13 @@ class ServerConnection(asyncio.Protocol):
     # ---- called by the handler
 
     def respond(self, response: Response) -> None:
+        self.respond_frame(encode_response(response))
+
+    def respond_frame(self, frame: bytes) -> None:
+        """``respond`` with an already encoded frame (the add path's fast encoder)."""
         if self._transport is None:
             return
-        self._out.append(encode_response(response))
+        self._out.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)

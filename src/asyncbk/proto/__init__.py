@@ -25,6 +25,7 @@ from .messages import (
     add_request_tail,
     decode_request,
     decode_response,
+    encode_add_response,
     encode_request,
     encode_response,
 )
@@ -34,6 +35,6 @@ __all__ = [
     "BookieInfoRequest", "BookieInfoResponse", "FrameDecoder", "LongPollLacRequest",
     "LongPollLacResponse", "Op", "ReadFlag", "ReadLacRequest", "ReadLacResponse",
     "ReadRequest", "ReadResponse", "Request", "Response", "Status", "WriteLacRequest",
-    "WriteLacResponse", "add_request_frame", "add_request_tail", "decode_request", "decode_response", "encode_frame",
+    "WriteLacResponse", "add_request_frame", "add_request_tail", "decode_request", "decode_response", "encode_add_response", "encode_frame",
     "encode_request", "encode_response",
 ]

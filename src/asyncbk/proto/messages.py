@@ -270,6 +270,17 @@ def add_request_frame(request_id: int, tail: tuple[bytes, bytes]) -> tuple[bytes
     return _FRAME_LENGTH.pack(length) + head + fields, body
 
 
+_ADD_RESPONSE_HEAD = bytes([0x96, PROTOCOL_VERSION, Op.ADD])  # fixarray(6), version, op
+
+
+def encode_add_response(request_id: int, status: int, ledger_id: int, entry_id: int) -> bytes:
+    """The frame of an ADD response: byte for byte ``encode_response(AddResponse(...))``,
+    without building the message object (one per add on a bookie)."""
+    body = b"".join((_ADD_RESPONSE_HEAD, _packb(request_id), _packb(status), _packb(ledger_id),
+                     _packb(entry_id)))
+    return _FRAME_LENGTH.pack(len(body)) + body
+
+
 def encode_request(msg: Request) -> bytes:
     """The whole frame (length prefix included) for a request."""
     return encode_frame(_pack(msg.OP, msg))
