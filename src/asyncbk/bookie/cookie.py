@@ -110,6 +110,11 @@ def _write_local(path: Path, cookie: Cookie) -> None:
         os.close(fd)
 
 
+def _differences(a: Cookie, b: Cookie) -> str:
+    other = asdict(b)
+    return ", ".join(k for k, v in asdict(a).items() if other[k] != v)
+
+
 async def check_or_format(
     meta: MetadataStore, bookie_id: str, journal_dir: Path, ledger_dir: Path
 ) -> Cookie:
@@ -153,14 +158,12 @@ async def check_or_format(
                 f"`asyncbk shell bookieformat --metadata-uri URI --bookie-id {bookie_id} "
                 f"--delete-cookie` and start it again.")
         if local != remote:
-            diffs = [k for k, v in asdict(local).items() if asdict(remote)[k] != v]
             raise CookieError(
                 f"bookie {bookie_id}: the cookie in {d} does not match the registered one "
-                f"(differs in: {', '.join(diffs)}); a directory was swapped or belongs to another "
-                f"bookie or cluster. Refusing to start.")
+                f"(differs in: {_differences(local, remote)}); a directory was swapped or "
+                f"belongs to another bookie or cluster. Refusing to start.")
     if remote != expected:
-        diffs = [k for k, v in asdict(expected).items() if asdict(remote)[k] != v]
         raise CookieError(
             f"bookie {bookie_id}: started with different settings than its cookie records "
-            f"(differs in: {', '.join(diffs)}). Use the original directories.")
+            f"(differs in: {_differences(expected, remote)}). Use the original directories.")
     return remote
