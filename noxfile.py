@@ -32,8 +32,10 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks (never part of the default test run): write baseline to bench-results/."""
-    session.install("-e", ".[standalone]")
+    session.install("-e", ".[bench]")
+    session.run("python", "benchmarks/limits.py")
     session.run("python", "benchmarks/write_baseline.py", *session.posargs)
+    session.run("python", "benchmarks/peers.py")
 
 
 @nox.session
