@@ -227,15 +227,15 @@ class LocalCluster:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._load_layout()
+        await asyncio.to_thread(self.data_dir.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(self._load_layout)
         try:
             self.etcd = EtcdServer(self.data_dir / "etcd", port=self._etcd_port)
             await self.etcd.start()
             for i in range(self.bookie_count):
                 port = self._bookie_ports[i] if i < len(self._bookie_ports) else free_port()
                 self.bookies.append(LocalBookie(self, i, port))
-            self._save_layout()
+            await asyncio.to_thread(self._save_layout)
             await asyncio.gather(*(b.start() for b in self.bookies))
         except BaseException:
             await self.stop()
@@ -247,7 +247,7 @@ class LocalCluster:
         port = self._bookie_ports[index] if index < len(self._bookie_ports) else free_port()
         bookie = LocalBookie(self, index, port)
         self.bookies.append(bookie)
-        self._save_layout()
+        await asyncio.to_thread(self._save_layout)
         await bookie.start()
         return bookie
 
