@@ -99,6 +99,8 @@ class ClientConfig:
     reconnect_backoff_s_max: float = 2.0
     speculative_read_timeout_s: float = 0.5
     """A read not answered in this time is also sent to the next replica (0: never)."""
+    read_batch: bool = True
+    """Read ranges with READ_BATCH where a fragment's write quorum is its ensemble."""
     add_quorum_timeout_s: float = 120.0
     """An append not acknowledged by an ack quorum in this time fails the handle with
     TimeoutError (0: no limit).  Slow or dead bookies are replaced long before, after

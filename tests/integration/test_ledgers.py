@@ -267,3 +267,31 @@ async def test_oversized_entry_is_refused_before_sending(cluster: LocalCluster) 
     assert await lh.append(b"x" * 60 * 1024) == 0  # under the limit is fine
     assert await asyncio.gather(*pending) == list(range(50))  # nobody else was hurt
     assert (await bk.ledger_metadata(lh.id)).ensembles == lh.metadata.ensembles
+
+
+async def test_batch_reads_match_single_reads_and_survive_bookie_failures(
+        cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+    payloads = [bytes([i % 251]) * (1 + (i * 37) % 3000) for i in range(3000)]
+    for lo in range(0, 3000, 500):
+        await asyncio.gather(*(lh.append(p) for p in payloads[lo:lo + 500]))
+    await lh.close()
+    batched = await (await cluster.client(speculative_read_timeout_s=0.3)).open_ledger(
+        lh.id, password=b"pw")
+    single = await (await cluster.client(read_batch=False)).open_ledger(lh.id, password=b"pw")
+    got = await batched.read(0, 2999)
+    assert [e.data for e in got] == payloads
+    assert [e.entry_id for e in got] == list(range(3000))
+    assert [e.data for e in await batched.read(1234, 1300)] == payloads[1234:1301]
+    assert [e.data for e in await single.read(0, 2999)] == payloads
+
+    cluster.bookies[0].pause()  # hangs: batches sent to it time out and move on
+    try:
+        async with asyncio.timeout(60):
+            assert [e.data for e in await batched.read(0, 2999)] == payloads
+        cluster.bookies[1].kill()  # and one dead: everything from the last one
+        async with asyncio.timeout(60):
+            assert [e.data for e in await batched.read(0, 2999)] == payloads
+    finally:
+        cluster.bookies[0].resume()

@@ -18,6 +18,8 @@ from asyncbk.proto import (
     LongPollLacRequest,
     LongPollLacResponse,
     Op,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -41,6 +43,7 @@ requests = st.one_of(
     st.builds(WriteLacRequest, ids, ids, blobs, eids),
     st.builds(LongPollLacRequest, ids, ids, eids, st.integers(0, 60_000)),
     st.builds(BookieInfoRequest, ids),
+    st.builds(ReadBatchRequest, ids, ids, eids, ids, ids),
 )
 responses = st.one_of(
     st.builds(AddResponse, ids, st.integers(0, 10), ids, eids),
@@ -50,6 +53,8 @@ responses = st.one_of(
     st.builds(LongPollLacResponse, ids, st.integers(0, 10), ids, eids),
     st.builds(BookieInfoResponse, ids, st.integers(0, 10), st.text(max_size=20),
               st.text(max_size=10), ids, ids, st.text(max_size=10)),
+    st.builds(ReadBatchResponse, ids, st.integers(0, 10), ids, eids, eids,
+              st.lists(blobs, max_size=5)),
 )
 
 
@@ -85,6 +90,13 @@ def test_response_round_trip(msg) -> None:  # type: ignore[no-untyped-def]
 def test_malformed_requests_rejected(body: bytes) -> None:
     with pytest.raises(ProtocolError):
         decode_request(body)
+
+
+@pytest.mark.parametrize("bodies", [[b"a", "text"], [b"a", 1], "notalist", [[b"a"]]])
+def test_batch_response_bodies_must_be_bytes(bodies: object) -> None:
+    with pytest.raises(ProtocolError):
+        decode_response(msgpack.packb([PROTOCOL_VERSION, Op.READ_BATCH, 1, 0, 1, 0, -1, bodies],
+                                      use_bin_type=True))
 
 
 @given(st.binary(max_size=200))

@@ -19,6 +19,7 @@ from asyncbk.proto import (
     BookieInfoRequest,
     FrameDecoder,
     LongPollLacRequest,
+    ReadBatchRequest,
     ReadFlag,
     ReadLacRequest,
     ReadRequest,
@@ -92,6 +93,28 @@ async def test_add_then_read(proc: RequestProcessor) -> None:
     assert (r.status, r.entry_id) == (Status.OK, 0)
 
 
+async def test_read_batch(proc: RequestProcessor) -> None:
+    c = Conn()
+    for e in (0, 1, 2, 3, 5):  # entry 4 missing: the run from 0 stops at 3
+        proc.handle(add(e, e, lac=e - 1), c)
+        assert (await c.next()).status == Status.OK
+    proc.handle(ReadBatchRequest(10, 1, 0, 100, 1 << 20), c)
+    r = await c.next()
+    assert (r.request_id, r.status, r.first_entry_id, r.lac) == (10, Status.OK, 0, 4)
+    assert r.bodies == [b"body0", b"body1", b"body2", b"body3"]
+    proc.handle(ReadBatchRequest(11, 1, 1, 2, 1 << 20), c)  # count limit
+    assert (await c.next()).bodies == [b"body1", b"body2"]
+    proc.handle(ReadBatchRequest(12, 1, 0, 100, 14), c)  # byte limit: 5 + 5 <= 14 < 5 + 5 + 5
+    assert (await c.next()).bodies == [b"body0", b"body1"]
+    proc.handle(ReadBatchRequest(13, 1, 0, 100, 1), c)  # the first is always returned
+    assert (await c.next()).bodies == [b"body0"]
+    proc.handle(ReadBatchRequest(14, 1, 4, 100, 1 << 20), c)
+    r = await c.next()
+    assert (r.status, r.bodies) == (Status.NO_ENTRY, [])
+    proc.handle(ReadBatchRequest(15, 99, 0, 100, 1 << 20), c)
+    assert (await c.next()).status == Status.NO_LEDGER
+
+
 async def test_unknown_ledger_and_entry(proc: RequestProcessor) -> None:
     c = Conn()
     proc.handle(ReadRequest(1, 99, 0, 0, b""), c)
@@ -143,7 +166,9 @@ async def test_bad_values_are_bad_request(proc: RequestProcessor) -> None:
     for req in (add(1, -3), add(2, 0, key=b""), AddRequest(3, -1, 0, KEY, 0, -1, b"x"),
                 add(4, 0, lac=-7), ReadRequest(5, 1, -2, 0, b""),
                 ReadRequest(6, 1, 0, ReadFlag.FENCE, b""),
-                LongPollLacRequest(7, 1, -1, 10**9)):
+                LongPollLacRequest(7, 1, -1, 10**9), ReadBatchRequest(8, 1, -1, 10, 100),
+                ReadBatchRequest(9, 1, 0, 0, 100), ReadBatchRequest(10, 1, 0, 1025, 100),
+                ReadBatchRequest(11, 1, 0, 10, 0)):
         proc.handle(req, c)
         assert (await c.next()).status == Status.BAD_REQUEST, req
 

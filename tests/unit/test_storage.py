@@ -408,6 +408,47 @@ async def test_corrupt_entry_log_is_detected_on_read(tmp_path: Path) -> None:
         await s.close()
 
 
+async def test_read_entries_runs_across_logs_and_interleaving(tmp_path: Path) -> None:
+    s = await open_storage(tmp_path, entry_log_bytes_max=3000)
+    try:
+        for e in range(60):  # two ledgers interleaved, over several entry logs
+            await asyncio.gather(s.add_entry(1, e, KEY, body(1, e)),
+                                 s.add_entry(2, e, KEY, body(2, e)))
+        await add_all(s, 3, range(40))  # written alone: read back with few preads
+        await s.add_entry(3, 41, KEY, body(3, 41))
+        assert len(os.listdir(tmp_path / "ledgers" / ENTRYLOG_DIR)) > 3
+        assert await s.read_entries(1, 0, 1000, 1 << 30) == [body(1, e) for e in range(60)]
+        assert await s.read_entries(2, 10, 5, 1 << 30) == [body(2, e) for e in range(10, 15)]
+        assert await s.read_entries(3, 0, 1000, 1 << 30) == [body(3, e) for e in range(40)]
+        limit = len(body(3, 5)) + len(body(3, 6))
+        assert await s.read_entries(3, 5, 1000, limit) == [body(3, 5), body(3, 6)]
+        assert await s.read_entries(3, 5, 1000, 1) == [body(3, 5)]
+        assert await s.read_entries(3, 41, 1000, 1 << 30) == [body(3, 41)]
+        with pytest.raises(NoSuchEntryError):
+            await s.read_entries(3, 40, 10, 1 << 30)
+        with pytest.raises(NoSuchLedgerError):
+            await s.read_entries(9, 0, 10, 1 << 30)
+    finally:
+        await s.close()
+
+
+async def test_read_entries_detects_corruption(tmp_path: Path) -> None:
+    s = await open_storage(tmp_path)
+    await add_all(s, 1, range(3))
+    await s.close()
+    (log,) = (tmp_path / "ledgers" / ENTRYLOG_DIR).iterdir()
+    data = bytearray(log.read_bytes())
+    data[-3] ^= 0x01  # inside the body of entry 2
+    log.write_bytes(bytes(data))
+    s = await open_storage(tmp_path)
+    try:
+        assert await s.read_entries(1, 0, 2, 1 << 20) == [body(1, 0), body(1, 1)]
+        with pytest.raises(BookieIOError, match="1/2 is corrupt"):
+            await s.read_entries(1, 0, 3, 1 << 20)
+    finally:
+        await s.close()
+
+
 async def test_queue_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = await open_storage(tmp_path, journal_queue_entries_max=4)
     release = asyncio.Event()

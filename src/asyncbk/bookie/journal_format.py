@@ -171,6 +171,10 @@ def _frame(tail: bytes) -> bytes:
     return _HEAD.pack(n, _hash(tail)) + tail
 
 
+ADD_RECORD_OVERHEAD_BYTES = _HEAD.size + _ADD_TAIL.size
+"""Bytes of an ADD record besides its body."""
+
+
 def encode_add(ledger_id: int, entry_id: int, body: bytes | bytearray | memoryview) -> bytes:
     """An ADD record (the hot path: one pack, one hash, two concatenations)."""
     _check_id("ledger_id", ledger_id)

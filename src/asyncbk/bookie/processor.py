@@ -9,6 +9,8 @@
   ledger with the given master key if this bookie never saw it, so a late add
   from the old writer is refused), then reads.  Entry id -1 reads the last
   entry.  The response carries the LAC this bookie knows.
+* READ_BATCH returns the run of stored entries from ``first_entry_id`` (at
+  most ``count_max`` <= 1024, cut once ``bytes_max`` is passed).
 * READ_LAC, WRITE_LAC (explicit LAC, journaled), LONG_POLL_LAC (held until the
   LAC passes ``previous_lac`` or the timeout expires), BOOKIE_INFO.
 
@@ -37,6 +39,8 @@ from ..proto import (
     BookieInfoResponse,
     LongPollLacRequest,
     LongPollLacResponse,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadFlag,
     ReadLacRequest,
     ReadLacResponse,
@@ -56,6 +60,7 @@ _RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
 LONG_POLL_WAITERS_MAX = 10_000
 LONG_POLL_TIMEOUT_MS_MAX = 60_000
 MASTER_KEY_BYTES_MAX = 64
+READ_BATCH_COUNT_MAX = 1024
 
 
 class BookieState(enum.StrEnum):
@@ -102,6 +107,8 @@ class RequestProcessor:
             self._add(request, conn)
         elif isinstance(request, ReadRequest):
             self._read(request, conn)
+        elif isinstance(request, ReadBatchRequest):
+            self._read_batch(request, conn)
         elif isinstance(request, ReadLacRequest):
             self._read_lac(request, conn)
         elif isinstance(request, LongPollLacRequest):
@@ -237,6 +244,33 @@ class RequestProcessor:
             reply(Status.IO_ERROR)
         else:
             reply(Status.OK, body, real_id)
+
+    def _read_batch(self, req: ReadBatchRequest, conn: ServerConnection) -> None:
+        if (req.ledger_id < 0 or req.first_entry_id < 0
+                or not 1 <= req.count_max <= READ_BATCH_COUNT_MAX or req.bytes_max < 1):
+            conn.respond(ReadBatchResponse(req.request_id, Status.BAD_REQUEST, req.ledger_id,
+                                           req.first_entry_id, -1, []))
+            return
+        self.counters["reads"] += 1
+        self._spawn(self._read_batch_async(req, conn))
+
+    async def _read_batch_async(self, req: ReadBatchRequest, conn: ServerConnection) -> None:
+        bodies: list[bytes] = []
+        try:
+            bodies = await self.storage.read_entries(req.ledger_id, req.first_entry_id,
+                                                     req.count_max, req.bytes_max)
+            status = Status.OK
+        except NoSuchLedgerError:
+            status = Status.NO_LEDGER
+        except NoSuchEntryError:
+            status = Status.NO_ENTRY
+        except (BookieIOError, OSError) as exc:
+            self.log.error("batch read failed", ledger_id=req.ledger_id,
+                           entry_id=req.first_entry_id, error=str(exc))
+            status = Status.IO_ERROR
+        info = self.storage.ledger(req.ledger_id)
+        conn.respond(ReadBatchResponse(req.request_id, status, req.ledger_id, req.first_entry_id,
+                                       info.lac if info is not None else -1, bodies))
 
     # ------------------------------------------------------------------ LAC
 

@@ -82,6 +82,7 @@ from ..types import LAST_ENTRY_ID
 from . import journal as _journal
 from .journal import Journal, fsync_dir, list_journal_files, write_all
 from .journal_format import (
+    ADD_RECORD_OVERHEAD_BYTES,
     TYPE_ADD,
     TYPE_EXPLICIT_LAC,
     TYPE_FENCE,
@@ -323,6 +324,39 @@ class _EntryLogReader:
                 or record.entry_id != entry_id):
             raise BookieIOError(f"index points entry {ledger_id}/{entry_id} at another record")
         return record.body
+
+    def read_run(self, locs: Sequence[Location], ledger_id: int, first: int) -> list[bytes]:
+        """The bodies of entries ``first, first + 1, ...`` at ``locs``.  Records that
+        lie back to back in one entry log (a ledger written alone) are read with a
+        single ``pread``."""
+        out: list[bytes] = []
+        i = 0
+        while i < len(locs):
+            log_id, offset, length = locs[i]
+            j = i + 1
+            end = offset + length
+            while j < len(locs) and locs[j][0] == log_id and locs[j][1] == end:
+                end += locs[j][2]
+                j += 1
+            try:
+                data = os.pread(self._fd(log_id), end - offset, offset)
+            except OSError as exc:
+                raise BookieIOError(f"reading entries of ledger {ledger_id}: {exc}") from exc
+            if len(data) != end - offset:
+                raise BookieIOError(f"entry log {log_id} is shorter than its index says")
+            pos = 0
+            for k in range(i, j):
+                entry_id = first + k
+                got = decode_one(data, pos)
+                record = got[0] if got is not None else None
+                if (got is None or got[1] != pos + locs[k][2] or not isinstance(record, AddRecord)
+                        or record.ledger_id != ledger_id or record.entry_id != entry_id):
+                    raise BookieIOError(f"entry {ledger_id}/{entry_id} is corrupt in entry log "
+                                        f"{log_id} at {offset + pos}")
+                out.append(record.body)
+                pos = got[1]
+            i = j
+        return out
 
     def close(self) -> None:
         with self._lock:
@@ -756,6 +790,32 @@ class LedgerStorage:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._read_pool, self._reader.read, loc,
                                           ledger_id, entry_id)
+
+    async def read_entries(self, ledger_id: int, first: int, count_max: int,
+                           bytes_max: int) -> list[bytes]:
+        """The bodies of the run of stored entries from ``first``: at most
+        ``count_max``, and no more once their sizes pass ``bytes_max`` (the first
+        is always returned).  Errors as :meth:`read_entry`."""
+        self._check_open()
+        if ledger_id not in self._ledgers:
+            raise NoSuchLedgerError(f"ledger {ledger_id} is not stored here")
+        entries = self._index.get(ledger_id) or {}
+        locs: list[Location] = []
+        size = 0
+        for entry_id in range(first, first + count_max):
+            loc = entries.get(entry_id)
+            if loc is None:
+                break
+            size += loc[2] - ADD_RECORD_OVERHEAD_BYTES
+            if locs and size > bytes_max:
+                break
+            locs.append(loc)
+        if not locs:
+            raise NoSuchEntryError(f"entry {ledger_id}/{first} is not stored here")
+        self._reads += len(locs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._read_pool, self._reader.read_run, locs,
+                                          ledger_id, first)
 
     # --- journal sink (see journal.BatchSink) ---------------------------------
 

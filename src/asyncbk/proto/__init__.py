@@ -11,6 +11,8 @@ from .messages import (
     LongPollLacRequest,
     LongPollLacResponse,
     Op,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadFlag,
     ReadLacRequest,
     ReadLacResponse,
@@ -33,8 +35,8 @@ from .messages import (
 __all__ = [
     "FRAME_HEADER_BYTES", "PROTOCOL_VERSION", "AddFlag", "AddRequest", "AddResponse",
     "BookieInfoRequest", "BookieInfoResponse", "FrameDecoder", "LongPollLacRequest",
-    "LongPollLacResponse", "Op", "ReadFlag", "ReadLacRequest", "ReadLacResponse",
+    "LongPollLacResponse", "Op", "ReadBatchRequest", "ReadBatchResponse", "ReadFlag", "ReadLacRequest", "ReadLacResponse",
     "ReadRequest", "ReadResponse", "Request", "Response", "Status", "WriteLacRequest",
-    "WriteLacResponse", "add_request_frame", "add_request_tail", "decode_request", "decode_response", "encode_add_response", "encode_frame",
-    "encode_request", "encode_response",
+    "WriteLacResponse", "add_request_frame", "add_request_tail", "decode_request",
+    "decode_response", "encode_add_response", "encode_frame", "encode_request", "encode_response",
 ]

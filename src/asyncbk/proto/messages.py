@@ -42,6 +42,7 @@ class Op(enum.IntEnum):
     WRITE_LAC = 4
     LONG_POLL_LAC = 5
     BOOKIE_INFO = 6
+    READ_BATCH = 7
 
 
 class Status(enum.IntEnum):
@@ -123,6 +124,18 @@ class LongPollLacRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadBatchRequest:
+    """Consecutive entries from ``first_entry_id``: at most ``count_max`` of them and
+    at most ``bytes_max`` bytes of bodies (always at least the first, if stored)."""
+    OP: ClassVar[Op] = Op.READ_BATCH
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    count_max: int
+    bytes_max: int
+
+
+@dataclass(frozen=True, slots=True)
 class BookieInfoRequest:
     OP: ClassVar[Op] = Op.BOOKIE_INFO
     request_id: int
@@ -130,7 +143,7 @@ class BookieInfoRequest:
 
 Request: TypeAlias = (
     AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | LongPollLacRequest
-    | BookieInfoRequest
+    | BookieInfoRequest | ReadBatchRequest
 )
 
 # ---------------------------------------------------------------- responses
@@ -186,6 +199,19 @@ class LongPollLacResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadBatchResponse:
+    OP: ClassVar[Op] = Op.READ_BATCH
+    request_id: int
+    status: int
+    ledger_id: int
+    first_entry_id: int
+    lac: int
+    bodies: list[bytes]
+    """Entries ``first_entry_id, first_entry_id + 1, ...``: the run stored here, cut
+    at the request's limits; empty unless the status is OK."""
+
+
+@dataclass(frozen=True, slots=True)
 class BookieInfoResponse:
     OP: ClassVar[Op] = Op.BOOKIE_INFO
     request_id: int
@@ -199,7 +225,7 @@ class BookieInfoResponse:
 
 Response: TypeAlias = (
     AddResponse | ReadResponse | ReadLacResponse | WriteLacResponse | LongPollLacResponse
-    | BookieInfoResponse
+    | BookieInfoResponse | ReadBatchResponse
 )
 
 # ---------------------------------------------------------------- codec
@@ -207,19 +233,20 @@ Response: TypeAlias = (
 _REQUESTS: dict[int, type[Any]] = {
     c.OP: c
     for c in (AddRequest, ReadRequest, ReadLacRequest, WriteLacRequest, LongPollLacRequest,
-              BookieInfoRequest)
+              BookieInfoRequest, ReadBatchRequest)
 }
 _RESPONSES: dict[int, type[Any]] = {
     c.OP: c
     for c in (AddResponse, ReadResponse, ReadLacResponse, WriteLacResponse, LongPollLacResponse,
-              BookieInfoResponse)
+              BookieInfoResponse, ReadBatchResponse)
 }
 
 
 def _field_types(cls: type[Any]) -> tuple[tuple[str, type], ...]:
     out = []
     for f in fields(cls):
-        t = {"int": int, "bytes": bytes, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+        t = {"int": int, "bytes": bytes, "str": str, "list[bytes]": list}[
+            f.type if isinstance(f.type, str) else f.type.__name__]
         out.append((f.name, t))
     return tuple(out)
 
@@ -319,6 +346,8 @@ def _unpack(body: bytes, table: dict[int, type[Any]], kind: str) -> Any:
             )
         if t is int and not _INT64_MIN <= cast(int, v) <= _UINT64_MAX:
             raise ProtocolError(f"{kind} op {Op(op).name} field {name} out of range")
+        if t is list and not all(type(item) is bytes for item in cast(list[Any], v)):
+            raise ProtocolError(f"{kind} op {Op(op).name} field {name} must hold only bytes")
     if values[0] < 0:
         raise ProtocolError(f"{kind} request_id must be >= 0")
     return cls(*values)

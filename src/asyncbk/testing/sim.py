@@ -388,6 +388,19 @@ class SimStorage:
             raise NoSuchEntryError(f"{ledger_id}:{entry_id}")
         return body
 
+    async def read_entries(self, ledger_id: int, first: int, count_max: int,
+                           bytes_max: int) -> list[bytes]:
+        out = [await self.read_entry(ledger_id, first)]
+        d = self.disk.ledgers.get(ledger_id)
+        size = len(out[0])
+        for entry_id in range(first + 1, first + count_max):
+            body = d.entries.get(entry_id) if d is not None else None
+            if body is None or size + len(body) > bytes_max:
+                break
+            out.append(body)
+            size += len(body)
+        return out
+
     @property
     def journal_queue_entries(self) -> int:
         return len(self._queue)
