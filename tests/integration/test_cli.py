@@ -31,7 +31,7 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
 
 
 @pytest.mark.parametrize("command", [
-    [], ["standalone"], ["bookie"], ["bench"], ["bench", "write"], ["shell"],
+    [], ["standalone"], ["bookie"], ["bench"], ["bench", "write"], ["bench", "read"], ["shell"],
     ["shell", "listbookies"], ["shell", "listledgers"], ["shell", "ledgermetadata"],
     ["shell", "readledger"], ["shell", "simpletest"], ["shell", "bookieformat"],
 ])
@@ -50,6 +50,10 @@ def test_help_everywhere(command: list[str]) -> None:
     (["bookie", "--config", "/nonexistent/bookie.toml"], "does not exist"),
     (["standalone", "--bookies", "0"], "must be >= 1"),
     (["bench", "write", "--entries", "-5"], "must be >= 1"),
+    (["bench", "write", "--rate", "0"], "must be > 0"),
+    (["bench", "read", "--mode", "sideways"], "invalid choice"),
+    (["bench", "write", "--ensemble", "5"], "needs at least that many --bookies"),
+    (["bench", "write", "--write-quorum", "3", "--ack-quorum", "4"], "--ensemble >= --write"),
     (["nosuchcommand"], "invalid choice"),
     (["shell", "ledgermetadata", "--metadata-uri", "etcd://127.0.0.1:1/x", "12"],
      "cannot reach etcd"),
@@ -147,3 +151,44 @@ async def test_bench_write_json(cluster: LocalCluster, tmp_path: Path) -> None:
     assert data["throughput_eps"] > 0 and data["throughput_mbps"] > 0
     lat = data["latency_us"]
     assert 0 < lat["p50"] <= lat["p99"] <= lat["p999"] <= lat["max"]
+
+
+async def test_bench_read_catchup_in_two_client_processes(cluster: LocalCluster,
+                                                          tmp_path: Path) -> None:
+    out = tmp_path / "read.json"
+    r = await asyncio.to_thread(
+        run_cli, "bench", "read", "--entries", "3000", "--ledgers", "3", "--clients", "2",
+        "--batch", "200", "--entry-size", "100", "--metadata-uri", cluster.metadata_uri,
+        "--json", str(out), timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["workload"] == "read-catchup"
+    assert data["entries_done"] == 3000  # every entry written was read back
+    assert sum(data["timeline"]["completed"]) == 3000
+    assert data["latency_us"]["samples"] == 15  # 3 ledgers x 1000 entries / 200 per call
+    assert data["config"]["clients"] == 2
+
+
+async def test_bench_open_loop_tail_with_plot(cluster: LocalCluster, tmp_path: Path) -> None:
+    out, png = tmp_path / "tail.json", tmp_path / "tail.png"
+    r = await asyncio.to_thread(
+        run_cli, "bench", "read", "--mode", "tail", "--entries", "1500", "--rate", "1000",
+        "--ledgers", "2", "--metadata-uri", cluster.metadata_uri, "--json", str(out),
+        "--plot", str(png), timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert (data["workload"], data["loop"]) == ("read-tail", "open")
+    assert data["entries_done"] == 1500
+    assert 0.8 < data["elapsed_s"] / 1.5 < 3  # offered at 1000/s: about 1.5 s
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+async def test_bench_duration_bounds_the_run(cluster: LocalCluster, tmp_path: Path) -> None:
+    out = tmp_path / "w.json"
+    r = await asyncio.to_thread(
+        run_cli, "bench", "write", "--entries", "1000000", "--rate", "500", "--duration", "1",
+        "--warmup", "0", "--metadata-uri", cluster.metadata_uri, "--json", str(out),
+        timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert 300 <= data["entries_done"] <= 700  # about 1 s at 500/s, not a million

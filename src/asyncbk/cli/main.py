@@ -56,6 +56,55 @@ def _add_log_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-json", action="store_true", help="log JSON lines instead of text")
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _id_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ids separated by commas, got {text!r}") from None
+
+
+def _add_bench_options(p: argparse.ArgumentParser, default_quorum: int) -> None:
+    p.add_argument("--entries", type=_positive_int, default=10_000,
+                   help="entries to write or read (default 10000)")
+    p.add_argument("--duration", type=_positive_float,
+                   help="stop after this many seconds even if --entries are not done")
+    p.add_argument("--inflight", type=_positive_int, default=256,
+                   help="appends in flight, closed loop (default 256)")
+    p.add_argument("--rate", type=_positive_float,
+                   help="open loop: offer this many appends per second in total")
+    p.add_argument("--entry-size", type=_positive_int, default=1024, help="bytes per entry")
+    p.add_argument("--ledgers", type=_positive_int, default=1,
+                   help="ledgers written or read in parallel (default 1)")
+    p.add_argument("--clients", type=_positive_int, default=1,
+                   help="client processes sharing the work (default 1)")
+    p.add_argument("--ensemble", type=_positive_int, default=3)
+    p.add_argument("--write-quorum", type=_positive_int, default=default_quorum)
+    p.add_argument("--ack-quorum", type=_positive_int, default=2)
+    p.add_argument("--digest", default="xxh3", choices=["xxh3", "hmac-sha256", "none"])
+    p.add_argument("--bookies", type=_positive_int, default=3,
+                   help="bookies of the local cluster (without --metadata-uri)")
+    p.add_argument("--warmup", type=int, default=1000,
+                   help="entries appended before measuring writes (default 1000)")
+    p.add_argument("--metadata-uri", help="run against this cluster instead of a local one")
+    p.add_argument("--json", help="write the results as JSON to this file")
+    p.add_argument("--plot", help="draw latency distribution and throughput to this PNG")
+    # set by a --clients parent for its client processes
+    p.add_argument("--worker-out", help=argparse.SUPPRESS)
+    p.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--ledger-ids", type=_id_list, default=[], help=argparse.SUPPRESS)
+    _add_log_options(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="asyncbk", description="asyncbk: an asyncio-native replicated log "
                      "service (bookies, ledgers, metadata in etcd).")
@@ -84,25 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML file of bookie settings (command-line options win)")
     _add_log_options(p)
 
-    p = sub.add_parser("bench", help="benchmarks", description="Benchmarks.")
+    p = sub.add_parser("bench", help="benchmarks: write and read throughput and latency",
+                       description="Benchmarks. Each starts its own local cluster (etcd + "
+                       "bookies as separate processes) unless --metadata-uri is given, and "
+                       "prints a summary; --json and --plot save the results.")
     bsub = p.add_subparsers(dest="workload", metavar="WORKLOAD", parser_class=_Parser)
     w = bsub.add_parser("write", help="append throughput and latency",
-                        description="Append N entries with K in flight to one ledger; report "
-                        "throughput and latency percentiles. Starts its own local cluster "
-                        "(etcd + bookies as separate processes) unless --metadata-uri is given.")
-    w.add_argument("--entries", type=_positive_int, default=10_000)
-    w.add_argument("--inflight", type=_positive_int, default=256)
-    w.add_argument("--entry-size", type=_positive_int, default=1024, help="bytes per entry")
-    w.add_argument("--ensemble", type=_positive_int, default=3)
-    w.add_argument("--write-quorum", type=_positive_int, default=2)
-    w.add_argument("--ack-quorum", type=_positive_int, default=2)
-    w.add_argument("--digest", default="xxh3", choices=["xxh3", "hmac-sha256", "none"])
-    w.add_argument("--bookies", type=_positive_int, default=3,
-                   help="bookies of the local cluster (without --metadata-uri)")
-    w.add_argument("--warmup", type=int, default=1000, help="entries appended before measuring")
-    w.add_argument("--metadata-uri", help="run against this cluster instead of a local one")
-    w.add_argument("--json", help="write the results as JSON to this file")
-    _add_log_options(w)
+                        description="Append N entries over L ledgers, K in flight (closed "
+                        "loop) or at a fixed --rate (open loop); report throughput and latency "
+                        "percentiles.")
+    _add_bench_options(w, default_quorum=2)
+    r = bsub.add_parser("read", help="catch-up and tailing read throughput and latency",
+                        description="catchup: write N entries (not timed), close the ledgers, "
+                        "read them back in ranges of --batch. tail: follow ledgers with tail() "
+                        "while a writer appends; latency from append to delivery.")
+    r.add_argument("--mode", choices=["catchup", "tail"], default="catchup",
+                   help="catchup (closed ledgers) or tail (behind a live writer)")
+    r.add_argument("--batch", type=_positive_int, default=1000,
+                   help="entries per read call in catchup mode (default 1000)")
+    _add_bench_options(r, default_quorum=3)
 
     p = sub.add_parser("shell", help="admin commands", description="Admin commands.")
     ssub = p.add_subparsers(dest="shell_command", metavar="SHELL_COMMAND", parser_class=_Parser)
@@ -170,12 +219,12 @@ def cmd_standalone(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.workload != "write":
-        raise CliError("choose a workload: asyncbk bench write --help")
-    from .bench import run_write_bench
+    if args.workload not in ("write", "read"):
+        raise CliError("choose a workload: asyncbk bench write --help, asyncbk bench read --help")
+    from .bench import run_bench
 
     _configure_logging(args, "warning")
-    return _run(lambda: run_write_bench(args))
+    return _run(lambda: run_bench(args))
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
