@@ -47,6 +47,9 @@ class BookieConfig:
 
     # entry storage
     entry_log_bytes_max: int = 1024 * 1024 * 1024
+    entry_log_flush_bytes: int = 4 * 1024 * 1024
+    """fdatasync the entry log (in the background) after this many bytes were added to
+    it, so a checkpoint never has to flush much at once (0: only at checkpoints)."""
     checkpoint_interval_s: float = 10.0
 
     # registration
@@ -75,6 +78,10 @@ class BookieConfig:
                         "register_retry_s_max", "connection_write_buffer_bytes_high")
         if self.journal_group_wait_ms_max < 0:
             raise ConfigError("journal_group_wait_ms_max must be >= 0")
+        if self.entry_log_flush_bytes < 0:
+            raise ConfigError("entry_log_flush_bytes must be >= 0")
+        if self.entry_log_bytes_max >= 1 << 32:
+            raise ConfigError("entry_log_bytes_max must be below 4 GiB")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
         if not 0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1:

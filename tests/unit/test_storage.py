@@ -713,3 +713,43 @@ async def test_sigkill_keeps_acknowledged(tmp_path: Path) -> None:
         assert s.statistics()["recovery"]["adds_replayed"] > 0
     finally:
         await s.close()
+
+
+async def test_checkpoint_fsyncs_do_not_stall_adds(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entry-log and index fdatasyncs of a checkpoint run off the journal's writer
+    thread: adds keep being acknowledged while they are stuck."""
+    import threading
+
+    release = threading.Event()
+    stuck = threading.Event()
+    real = journal_mod.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if ENTRYLOG_DIR in target or target.endswith("index.log"):
+            stuck.set()
+            release.wait(30)
+        real(fd)
+
+    s = await open_storage(tmp_path, entry_log_bytes_max=4000)
+    try:
+        await add_all(s, 1, range(100))  # several rotations: finished logs wait for the checkpoint
+        monkeypatch.setattr(journal_mod, "fdatasync", fdatasync)
+        checkpoint = asyncio.create_task(s.checkpoint())
+        await asyncio.to_thread(stuck.wait, 10)
+        assert stuck.is_set() and not checkpoint.done()
+        async with asyncio.timeout(10):
+            await add_all(s, 1, range(100, 200))  # acknowledged while the checkpoint is stuck
+        assert not checkpoint.done()
+        release.set()
+        await checkpoint
+        monkeypatch.setattr(journal_mod, "fdatasync", real)
+        await add_all(s, 1, range(200, 220))
+        await s.abort()  # crash: the checkpoint and the journal give back everything
+        s = await open_storage(tmp_path, entry_log_bytes_max=4000)
+        for e in range(220):
+            assert await s.read_entry(1, e) == body(1, e)
+    finally:
+        release.set()
+        await s.close()

@@ -546,7 +546,8 @@ class Journal:
         return self._seq, self._offset
 
     def delete_files_before(self, seq: int) -> int:
-        """Remove journal files with a smaller seq (writer thread only); returns how many."""
+        """Remove journal files with a smaller seq; returns how many.  Safe beside the
+        writer thread, which only creates files with a higher seq."""
         removed = 0
         for file_seq, path in list_journal_files(self.directory):
             if file_seq < seq:

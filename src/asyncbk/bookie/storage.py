@@ -141,6 +141,13 @@ class _DurableLedger:
     lac: int = -1  # merged in from the loop at checkpoints
 
 
+@dataclass
+class _CheckpointWork:
+    key: tuple[Any, ...]
+    payload: dict[str, Any]
+    fds: list[int]
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointMark:
     journal_seq: int = 0
@@ -230,6 +237,7 @@ class _EntryLogWriter:
         self.index_length = index_length
         self._fd = fd
         self._index_fd = index_fd
+        self._unsynced: list[int] = []
 
     def append(self, records: Sequence[bytes | memoryview],
                items: Sequence[tuple[int, int, Any]]) -> list[tuple[int, int, Location]]:
@@ -267,21 +275,29 @@ class _EntryLogWriter:
         self.index_length += INDEX_RECORD.size * len(index)
 
     def _rotate(self) -> None:
-        # A checkpoint mark names only the current log, so a finished log must be durable now.
-        _journal.fdatasync(self._fd)
-        os.close(self._fd)
+        # The finished log is made durable by the next checkpoint (the only thing that
+        # relies on entry logs being durable), not here: an fsync on this thread would
+        # stall every group commit behind it.
+        self._unsynced.append(self._fd)
         self._fd = -1
         new_id = self.log_id + 1
         path = self.directory / entry_log_name(new_id)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        fsync_dir(self.directory)
         self.log_id, self.length = new_id, 0
 
-    def sync(self) -> None:
-        _journal.fdatasync(self._fd)
-        _journal.fdatasync(self._index_fd)
+    def take_for_sync(self) -> list[int]:
+        """File descriptors a checkpoint must fdatasync before its mark is written:
+        the logs finished since the last checkpoint (handed over) and duplicates of
+        the current log and index (the caller closes them all)."""
+        fds, self._unsynced = self._unsynced, []
+        fds.append(os.dup(self._fd))
+        fds.append(os.dup(self._index_fd))
+        return fds
 
     def close(self) -> None:
+        fds, self._unsynced = self._unsynced, []
+        for fd in fds:
+            os.close(fd)
         for name in ("_fd", "_index_fd"):
             fd = getattr(self, name)
             if fd >= 0:
@@ -568,6 +584,15 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
     return _Recovered(writer, durable, ledgers, index, next_seq, stats)
 
 
+def _sync_and_close(fds: list[int]) -> None:
+    try:
+        for fd in fds:
+            _journal.fdatasync(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _statvfs(path: Path) -> tuple[int, int]:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
@@ -606,6 +631,9 @@ class LedgerStorage:
         self._close_task: asyncio.Task[None] | None = None
         self._housekeeping_task: asyncio.Task[None] | None = None
         self._checkpoint_lock = asyncio.Lock()
+        self._flush_task: asyncio.Task[None] | None = None
+        self._unflushed_bytes = 0
+        self._entry_log_flushes = 0
         self._disk_usage = (0, 0)
         # writer-thread only: what the last checkpoint written covered
         self._last_checkpoint_key: tuple[Any, ...] | None = None
@@ -840,6 +868,14 @@ class LedgerStorage:
         """Loop, before the batch's futures resolve: make the new entries readable."""
         index = self._index
         ledgers = self._ledgers
+        flush_bytes = self._config.entry_log_flush_bytes
+        if flush_bytes and result:
+            self._unflushed_bytes += sum(loc[2] for _, _, loc in result)
+            if self._unflushed_bytes >= flush_bytes and self._flush_task is None \
+                    and not self._closed:
+                self._unflushed_bytes = 0
+                self._flush_task = asyncio.get_running_loop().create_task(
+                    self._flush_entry_logs(), name="asyncbk-entrylog-flush")
         for ledger_id, entry_id, loc in result:
             entries = index.get(ledger_id)
             if entries is None:
@@ -848,6 +884,20 @@ class LedgerStorage:
             info = ledgers.get(ledger_id)
             if info is not None and entry_id > info.last_entry_id:
                 info.last_entry_id = entry_id
+
+    async def _flush_entry_logs(self) -> None:
+        """Write back what was added to the entry logs so far (off the writer thread),
+        so the next checkpoint has little left to flush and does not stall the disk."""
+        try:
+            async with self._checkpoint_lock:  # a checkpoint must not miss a handed-over log
+                fds = await self._journal.run_in_writer(self._writer.take_for_sync)
+                await asyncio.to_thread(_sync_and_close, fds)
+                self._entry_log_flushes += 1
+        except (BookieIOError, OSError) as exc:
+            self._log.warning("entry log flush failed (the next checkpoint retries)",
+                              error=repr(exc))
+        finally:
+            self._flush_task = None
 
     # --- checkpoints ----------------------------------------------------------
 
@@ -862,16 +912,21 @@ class LedgerStorage:
             lacs = {ledger_id: info.lac for ledger_id, info in self._ledgers.items()
                     if info.lac >= 0}
             t0 = time.monotonic()
-            written = await self._journal.run_in_writer(self._checkpoint_in_writer, lacs)
-            elapsed = time.monotonic() - t0
-            if written:
-                self._checkpoints += 1
-                self._checkpoint_s_last = elapsed
-                self._checkpoint_s_max = max(self._checkpoint_s_max, elapsed)
-            else:
+            work = await self._journal.run_in_writer(self._checkpoint_capture, lacs)
+            if work is None:
                 self._checkpoints_skipped += 1
+                return
+            # The slow part (fdatasync of the entry logs and index, the checkpoint file,
+            # journal file removal) runs off the writer thread: adds keep committing.
+            await asyncio.to_thread(self._checkpoint_write, work)
+            self._last_checkpoint_key = work.key
+            elapsed = time.monotonic() - t0
+            self._checkpoints += 1
+            self._checkpoint_s_last = elapsed
+            self._checkpoint_s_max = max(self._checkpoint_s_max, elapsed)
 
-    def _checkpoint_in_writer(self, lacs: dict[int, int]) -> bool:
+    def _checkpoint_capture(self, lacs: dict[int, int]) -> _CheckpointWork | None:
+        """Writer thread, between batches: where the checkpoint stands (cheap)."""
         journal = self._journal
         if journal.writer_failed:
             raise BookieIOError("journal failed: not checkpointing")
@@ -879,15 +934,14 @@ class LedgerStorage:
         writer = self._writer
         key = (seq, offset, writer.log_id, writer.length, writer.index_length, lacs)
         if key == self._last_checkpoint_key:
-            return False
-        writer.sync()
+            return None
         ledgers = []
         for ledger_id, d in self._durable.items():
             lac = lacs.get(ledger_id, -1)
             if lac > d.lac:
                 d.lac = lac
             ledgers.append([ledger_id, d.master_key, d.fenced, d.lac, d.explicit_lac])
-        _write_checkpoint(self._ledger_dir, {
+        payload = {
             "version": CHECKPOINT_VERSION,
             "journal_seq": seq,
             "journal_offset": offset,
@@ -895,10 +949,16 @@ class LedgerStorage:
             "entry_log_length": writer.length,
             "index_length": writer.index_length,
             "ledgers": ledgers,
-        })
-        self._last_checkpoint_key = key
-        self._journal_files_deleted += journal.delete_files_before(seq)
-        return True
+        }
+        return _CheckpointWork(key, payload, writer.take_for_sync())
+
+    def _checkpoint_write(self, work: _CheckpointWork) -> None:
+        """A worker thread: make the captured state durable, then write the mark."""
+        _sync_and_close(work.fds)
+        fsync_dir(self._ledger_dir / ENTRYLOG_DIR)  # entry logs created since the last one
+        _write_checkpoint(self._ledger_dir, work.payload)
+        self._journal_files_deleted += self._journal.delete_files_before(
+            work.payload["journal_seq"])
 
     async def _housekeeping(self) -> None:
         """Refresh disk usage every second; checkpoint every checkpoint_interval_s."""
@@ -945,6 +1005,8 @@ class LedgerStorage:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait([task])
+        if self._flush_task is not None:  # not cancelled: it owns fds it must close
+            await asyncio.wait([self._flush_task])
         journal = self._journal
         try:
             if graceful:
@@ -983,6 +1045,7 @@ class LedgerStorage:
             "checkpoint_s_last": self._checkpoint_s_last,
             "checkpoint_s_max": self._checkpoint_s_max,
             "journal_files_deleted": self._journal_files_deleted,
+            "entry_log_flushes": self._entry_log_flushes,
             "entry_log_id": self._writer.log_id,
             "entry_log_bytes": self._writer.length,
             "index_bytes": self._writer.index_length,
