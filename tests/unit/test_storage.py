@@ -753,3 +753,35 @@ async def test_checkpoint_fsyncs_do_not_stall_adds(tmp_path: Path,
     finally:
         release.set()
         await s.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.integers(0, 50), st.integers(0, 20_000)),
+                          st.integers(0, 5), st.integers(0, 2**32 - 1), st.integers(1, 2**31)),
+                max_size=60))
+def test_ledger_index_matches_a_dict(puts: list[tuple[int, int, int, int]]) -> None:
+    from asyncbk.bookie.storage import LedgerIndex
+
+    index, model = LedgerIndex(), {}
+    for entry_id, log_id, offset, length in puts:
+        index.put(entry_id, (log_id, offset, length))
+        model[entry_id] = (log_id, offset, length)
+        assert len(index) == len(model)
+        assert index.last == max(model)
+    for entry_id in range(-1, 20_002):
+        assert index.get(entry_id) == model.get(entry_id)
+
+
+def test_ledger_index_absorbs_sparse_entries_as_the_dense_range_grows() -> None:
+    from asyncbk.bookie.storage import INDEX_GAP_MAX, LedgerIndex
+
+    index = LedgerIndex()
+    far = INDEX_GAP_MAX + 100
+    index.put(far, (1, 2, 3))
+    index.put(far + 7, (1, 9, 3))
+    for e in range(far):
+        index.put(e, (0, e, 10))
+    assert len(index) == far + 2 and index.last == far + 7
+    assert index.get(far) == (1, 2, 3) and index.get(far + 7) == (1, 9, 3)
+    assert index.get(far + 1) is None and index.get(far - 1) == (0, far - 1, 10)
+    assert not index._sparse  # both now live in the arrays
