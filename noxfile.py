@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, typecheck (bench and sim arrive with their issues)."""
+"""nox sessions: tests, lint, typecheck (the default); sim, bench and soak when asked."""
 
 from __future__ import annotations
 
@@ -31,11 +31,21 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks (never part of the default test run): write baseline to bench-results/."""
+    """Benchmarks (never part of the default test run): the suite of workloads, then the
+    peers (etcd always; NATS / Redis when installed) with the physical limits, all to
+    bench-results/.  ``nox -s bench -- --quick`` runs a fifth of the suite's entries."""
     session.install("-e", ".[bench]")
-    session.run("python", "benchmarks/limits.py")
-    session.run("python", "benchmarks/write_baseline.py", *session.posargs)
-    session.run("python", "benchmarks/peers.py")
+    session.install("nats-py", "redis", "hiredis")  # used only if the servers are installed
+    session.run("python", "benchmarks/suite.py", *session.posargs)
+    session.run("python", "benchmarks/peers.py", "--json", "bench-results/peers.json")
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """Bookie memory under a 10-minute open-loop write load."""
+    session.install("-e", ".[bench]")
+    session.run("python", "benchmarks/soak.py", "--json", "bench-results/soak.json",
+                "--plot", "bench-results/soak.png", *session.posargs)
 
 
 @nox.session

@@ -162,8 +162,9 @@ class Recorder:
 class Progress:
     """A progress line on stderr: rewritten in place on a terminal, every 5 s otherwise."""
 
-    def __init__(self, total: int, what: str, count: Callable[[], int]) -> None:
-        self.total, self.what, self.count = total, what, count
+    def __init__(self, total: int, what: str, count: Callable[[], int],
+                 duration_s: float | None = None) -> None:
+        self.total, self.what, self.count, self.duration_s = total, what, count, duration_s
         self.tty = sys.stderr.isatty()
         self._task: asyncio.Task[None] | None = None
 
@@ -176,8 +177,10 @@ class Progress:
             n, now = self.count(), time.perf_counter()
             rate = (n - last_n) / (now - last_t)
             last_n, last_t = n, now
-            line = (f"  {self.what}: {n:,}/{self.total:,} ({100 * n / max(1, self.total):.0f}%)"
-                    f"  {rate:,.0f}/s  {now - t0:.0f}s")
+            done = (f"{n:,}/{self.total:,} ({100 * n / max(1, self.total):.0f}%)"
+                    if self.duration_s is None else f"{n:,}")
+            limit = f"/{self.duration_s:.0f}" if self.duration_s is not None else ""
+            line = f"  {self.what}: {done}  {rate:,.0f}/s  {now - t0:.0f}{limit}s"
             if self.tty:
                 print(f"\r{line}   ", end="", file=sys.stderr, flush=True)
             else:
@@ -343,7 +346,7 @@ async def _write_workload(bk: Any, args: argparse.Namespace, entries: int, ledge
     if args.warmup > 0:
         await _append_load(handles, args, args.warmup, None, None)
     rec.start()
-    with Progress(entries, "appended", lambda: rec.count):
+    with Progress(entries, "appended", lambda: rec.count, args.duration):
         await _append_load(handles, args, entries, deadline, rec)
     await asyncio.gather(*(lh.close() for lh in handles))
 
@@ -374,7 +377,7 @@ async def _catchup_workload(bk: Any, args: argparse.Namespace, ledger_ids: list[
             rec.record(time.perf_counter() - t, len(got))
 
     rec.start()
-    with Progress(total, "read", lambda: rec.count):
+    with Progress(total, "read", lambda: rec.count, args.duration):
         await asyncio.gather(*(read_all(rh) for rh in handles))
 
 
@@ -398,7 +401,7 @@ async def _tail_workload(bk: Any, reader_bk: Any, args: argparse.Namespace, entr
     rec.start()
     tails = [asyncio.create_task(follow(rh)) for rh in readers]
     try:
-        with Progress(entries, "tailed", lambda: rec.count):
+        with Progress(entries, "tailed", lambda: rec.count, args.duration):
             await _append_load(handles, args, entries, deadline, None, on_sent)
             await asyncio.gather(*(lh.close() for lh in handles))
             async with asyncio.timeout(60):
