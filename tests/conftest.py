@@ -7,6 +7,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest_asyncio
+from hypothesis import HealthCheck, settings
+
+# The machine is shared and noisy: a property test's examples are judged on their
+# outcome, never on how long one took (no per-example deadline, no "too slow").
+settings.register_profile("asyncbk", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("asyncbk")
 
 
 @pytest_asyncio.fixture

@@ -69,6 +69,12 @@ class BookieConfig:
     # shutdown
     drain_timeout_s: float = 10.0
 
+    # HTTP admin (/metrics, /healthz, /api/v1/bookie/...)
+    http_enabled: bool = False
+    http_host: str = "127.0.0.1"
+    http_port: int = 8000
+    """Port of the HTTP admin endpoint (0: any free port, logged at start)."""
+
     def validate(self) -> BookieConfig:
         _check_positive(self, "frame_bytes_max", "journal_group_bytes_max",
                         "journal_group_entries_max", "journal_queue_entries_max",
@@ -84,6 +90,8 @@ class BookieConfig:
             raise ConfigError("entry_log_bytes_max must be below 4 GiB")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if not 0 <= self.http_port < 65536:
+            raise ConfigError(f"http_port must be in 0..65535, got {self.http_port}")
         if not 0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1:
             raise ConfigError("need 0 < disk_usage_lwm_threshold <= disk_usage_threshold <= 1")
         if self.lease_ttl_s < 2:

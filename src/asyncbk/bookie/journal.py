@@ -66,6 +66,7 @@ from typing import Any, Protocol, TypeVar
 from ..config import BookieConfig
 from ..errors import BookieIOError, TooManyRequestsError
 from ..log import get_logger
+from ..stats import LatencyHistogram
 from .journal_format import journal_file_name, parse_journal_file_name
 
 T = TypeVar("T")
@@ -74,7 +75,9 @@ _FDATASYNC: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 
 FLUSH_REASONS = ("bytes", "entries", "wait_time", "queue_empty", "close")
 
-FSYNC_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
+FSYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+                   1.0)
+BATCH_RECORDS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 """Upper bounds of the fsync latency histogram buckets (plus one overflow bucket)."""
 
 
@@ -202,7 +205,9 @@ class Journal:
         self._flush_reasons = dict.fromkeys(FLUSH_REASONS, 0)
         self._fsync_s_sum = 0.0
         self._fsync_s_max = 0.0
-        self._fsync_hist = [0] * (len(FSYNC_BUCKETS_S) + 1)
+        self.fsync_latency = LatencyHistogram(FSYNC_BUCKETS_S)
+        self.batch_records = LatencyHistogram(BATCH_RECORDS_BUCKETS)
+        """Records per group commit (a histogram over counts, not seconds)."""
         self._write_s_sum = 0.0
         self._batch_records_max = 0
         self._batch_wait_s_max = 0.0
@@ -446,12 +451,8 @@ class Journal:
         self._fsync_s_sum += result.fsync_s
         if result.fsync_s > self._fsync_s_max:
             self._fsync_s_max = result.fsync_s
-        bucket = 0
-        for bound in FSYNC_BUCKETS_S:
-            if result.fsync_s <= bound:
-                break
-            bucket += 1
-        self._fsync_hist[bucket] += 1
+        self.fsync_latency.observe(result.fsync_s)
+        self.batch_records.observe(len(records))
         if len(records) > self._batch_records_max:
             self._batch_records_max = len(records)
         if wait_s > self._batch_wait_s_max:
@@ -569,10 +570,7 @@ class Journal:
             "fsync_s_sum": self._fsync_s_sum,
             "fsync_s_max": self._fsync_s_max,
             "fsync_s_mean": self._fsync_s_sum / batches if batches else 0.0,
-            "fsync_histogram": {
-                **{f"le_{b}": n for b, n in zip(FSYNC_BUCKETS_S, self._fsync_hist, strict=False)},
-                "inf": self._fsync_hist[-1],
-            },
+            "fsync_histogram": dict(self.fsync_latency.cumulative()),
             "write_s_sum": self._write_s_sum,
             "batch_records_max": self._batch_records_max,
             "batch_records_mean": self._records / batches if batches else 0.0,

@@ -53,6 +53,7 @@ from ..proto import (
     WriteLacResponse,
     encode_add_response,
 )
+from ..stats import LatencyHistogram
 from .storage import LedgerStorage
 
 _RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
@@ -98,7 +99,13 @@ class RequestProcessor:
         self._paused: dict[ServerConnection, None] = {}
         self._space_task: asyncio.Task[None] | None = None
         self._queue_high = max(1, storage_queue_bound(storage) * 3 // 4)
-        self.counters: dict[str, int] = {"adds": 0, "reads": 0, "fences": 0, "rejected": 0}
+        self.counters: dict[str, int] = {"adds": 0, "reads": 0, "fences": 0, "rejected": 0,
+                                         "add_bytes": 0, "read_entries": 0, "read_bytes": 0,
+                                         "add_errors": 0, "read_errors": 0}
+        self.add_latency = LatencyHistogram()
+        """From an add's arrival to its answer (journal fsync included)."""
+        self.read_latency = LatencyHistogram()
+        """From a read's (or batch read's) arrival to its answer."""
 
     # ------------------------------------------------------------------ dispatch
 
@@ -135,9 +142,13 @@ class RequestProcessor:
         except BookieIOError:
             conn.respond(AddResponse(req.request_id, Status.IO_ERROR, req.ledger_id, req.entry_id))
             return
-        self.counters["adds"] += 1
+        counters = self.counters
+        counters["adds"] += 1
+        counters["add_bytes"] += len(req.body)
         self._inflight_adds += 1
         self._drained.clear()
+        loop = self._loop
+        started = loop.time()
         if req.lac >= 0 and self.storage.update_lac(req.ledger_id, req.lac):
             self._notify_lac(req.ledger_id)
 
@@ -146,9 +157,12 @@ class RequestProcessor:
             if self._inflight_adds == 0:
                 self._drained.set()
             ok = not f.cancelled() and f.exception() is None
+            if not ok:
+                counters["add_errors"] += 1
             conn.respond_frame(encode_add_response(req.request_id, Status.OK if ok
                                                    else Status.IO_ERROR, req.ledger_id,
                                                    req.entry_id))
+            self.add_latency.observe(loop.time() - started)
 
         fut.add_done_callback(done)
         if self.storage.journal_queue_entries >= self._queue_high:
@@ -201,11 +215,13 @@ class RequestProcessor:
 
     async def _read_async(self, req: ReadRequest, conn: ServerConnection) -> None:
         ledger_id, entry_id = req.ledger_id, req.entry_id
+        started = self._loop.time()
 
         def reply(status: Status, body: bytes = b"", eid: int = entry_id) -> None:
             info = self.storage.ledger(ledger_id)
             conn.respond(ReadResponse(req.request_id, status, ledger_id, eid, body,
                                       info.lac if info is not None else -1))
+            self._count_read(started, status, 1 if status == Status.OK else 0, len(body))
 
         if req.flags & ReadFlag.FENCE:
             if not req.master_key or len(req.master_key) > MASTER_KEY_BYTES_MAX:
@@ -255,6 +271,7 @@ class RequestProcessor:
         self._spawn(self._read_batch_async(req, conn))
 
     async def _read_batch_async(self, req: ReadBatchRequest, conn: ServerConnection) -> None:
+        started = self._loop.time()
         bodies: list[bytes] = []
         try:
             bodies = await self.storage.read_entries(req.ledger_id, req.first_entry_id,
@@ -271,6 +288,15 @@ class RequestProcessor:
         info = self.storage.ledger(req.ledger_id)
         conn.respond(ReadBatchResponse(req.request_id, status, req.ledger_id, req.first_entry_id,
                                        info.lac if info is not None else -1, bodies))
+        self._count_read(started, status, len(bodies), sum(map(len, bodies)))
+
+    def _count_read(self, started: float, status: Status, entries: int, nbytes: int) -> None:
+        self.read_latency.observe(self._loop.time() - started)
+        counters = self.counters
+        counters["read_entries"] += entries
+        counters["read_bytes"] += nbytes
+        if status not in (Status.OK, Status.NO_ENTRY, Status.NO_LEDGER):
+            counters["read_errors"] += 1
 
     # ------------------------------------------------------------------ LAC
 

@@ -26,6 +26,7 @@ from ..meta.api import MetadataStore
 from ..meta.uri import open_metadata_store, parse_metadata_uri
 from ..net.server import BookieListener
 from .cookie import DirectoryLock, check_or_format
+from .http import AdminHttpServer
 from .processor import BookieState, RequestProcessor
 from .registration import Registration
 from .storage import LedgerStorage
@@ -54,7 +55,9 @@ class BookieServer:
         self._disk_task: asyncio.Task[None] | None = None
         self._lock: DirectoryLock | None = None
         self.read_only_for_disk = False
+        self.read_only_manual = False
         self.journal_failed = False
+        self.http: AdminHttpServer | None = None
 
     async def start(self) -> None:
         cfg = self.config
@@ -86,6 +89,10 @@ class BookieServer:
             self.registration.readonly = cfg.read_only
             await self.registration.start()
             self._disk_task = asyncio.get_running_loop().create_task(self._watch_disk())
+            if cfg.http_enabled:
+                self.http = AdminHttpServer(self, cfg.http_host, cfg.http_port)
+                port = await self.http.start()
+                self.log.info("http admin listening", http_host=cfg.http_host, http_port=port)
         except BaseException:
             await self._close_parts()
             raise
@@ -114,11 +121,31 @@ class BookieServer:
                                  threshold=cfg.disk_usage_threshold,
                                  lwm_threshold=cfg.disk_usage_lwm_threshold)
                 try:
-                    await self.set_read_only(want or journal_failed or cfg.read_only)
+                    await self.set_read_only(bool(self.read_only_reasons()))
                 except BKError as exc:  # the store is unreachable: try again next round
                     self.log.warning("could not switch read-only mode", error=str(exc))
                     self.read_only_for_disk = not want
             await asyncio.sleep(cfg.disk_check_interval_s)
+
+    def read_only_reasons(self) -> list[str]:
+        """Why the bookie is (or should be) read-only; empty when it should be writable."""
+        reasons = []
+        if self.config.read_only:
+            reasons.append("config")
+        if self.read_only_for_disk:
+            reasons.append("disk_full")
+        if self.journal_failed:
+            reasons.append("journal_failed")
+        if self.read_only_manual:
+            reasons.append("maintenance")
+        return reasons
+
+    async def set_manual_read_only(self, read_only: bool) -> None:
+        """Read-only for maintenance (HTTP admin), or back; other reasons still hold."""
+        self.read_only_manual = read_only
+        self.log.warning("read-only for maintenance" if read_only else "maintenance ended",
+                         reasons=self.read_only_reasons())
+        await self.set_read_only(bool(self.read_only_reasons()))
 
     async def set_read_only(self, read_only: bool) -> None:
         """Switch between writable and read-only (registration moves with it)."""
@@ -161,6 +188,9 @@ class BookieServer:
             self.log.info("bookie stopped")
 
     async def _close_parts(self) -> None:
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
         if self._disk_task is not None:
             self._disk_task.cancel()
             await asyncio.wait([self._disk_task])

@@ -769,6 +769,10 @@ class LedgerStorage:
         return self._config
 
     @property
+    def journal(self) -> Journal:
+        return self._journal
+
+    @property
     def journal_failed(self) -> bool:
         """The journal hit a write or fsync error: every later add fails (restart needed)."""
         return self._journal.failed

@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertised-host", help="host part of the bookie id, if not --host")
     p.add_argument("--journal-dir", help="directory of the journal (write-ahead log)")
     p.add_argument("--ledger-dir", help="directory of entry logs and the index")
+    p.add_argument("--http-port", type=_port,
+                   help="serve the HTTP admin endpoint (/metrics, /healthz, /api/v1/bookie/...) "
+                   "on this port")
     p.add_argument("--config", help="TOML file of bookie settings (command-line options win)")
     _add_log_options(p)
 
@@ -178,10 +181,13 @@ def cmd_bookie(args: argparse.Namespace) -> int:
     from ..config import BookieConfig, from_mapping, load_toml
 
     values: dict[str, Any] = load_toml(args.config) if args.config else {}
-    for opt in ("metadata_uri", "port", "host", "advertised_host", "journal_dir", "ledger_dir"):
+    for opt in ("metadata_uri", "port", "host", "advertised_host", "journal_dir", "ledger_dir",
+                "http_port"):
         v = getattr(args, opt)
         if v is not None:
             values[opt] = v
+    if args.http_port is not None:
+        values["http_enabled"] = True
     for required, flag in (("metadata_uri", "--metadata-uri"), ("port", "--port"),
                            ("journal_dir", "--journal-dir"), ("ledger_dir", "--ledger-dir")):
         if not values.get(required):
@@ -208,7 +214,7 @@ def cmd_standalone(args: argparse.Namespace) -> int:
         async with LocalCluster(bookies=args.bookies, data_dir=data_dir, root=args.root) as c:
             print(f"metadata URI: {c.metadata_uri}")
             for b in c.bookies:
-                print(f"bookie {b.id}  pid {b.pid}  log {b.log_path}")
+                print(f"bookie {b.id}  pid {b.pid}  admin {b.http_url}  log {b.log_path}")
             print("ready; press Ctrl-C to stop", flush=True)
             await stop.wait()
             print("stopping ...", flush=True)

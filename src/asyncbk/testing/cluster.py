@@ -53,10 +53,13 @@ def _toml_value(v: Any) -> str:
 class LocalBookie:
     """One bookie process of a LocalCluster."""
 
-    def __init__(self, cluster: LocalCluster, index: int, port: int) -> None:
+    def __init__(self, cluster: LocalCluster, index: int, port: int,
+                 http_port: int | None = None) -> None:
         self.cluster = cluster
         self.index = index
         self.port = port
+        self.http_port = http_port or free_port()
+        """Port of the bookie's HTTP admin endpoint (metrics, health, state)."""
         self.id = f"127.0.0.1:{port}"
         self.dir = cluster.data_dir / f"bookie-{index}"
         self.journal_dir = self.dir / "journal"
@@ -64,6 +67,10 @@ class LocalBookie:
         self.log_path = self.dir / "bookie.log"
         self.config_path = self.dir / "bookie.toml"
         self.process: asyncio.subprocess.Process | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
 
     @property
     def pid(self) -> int | None:
@@ -95,8 +102,9 @@ class LocalBookie:
                     await self.process.wait()
             except TimeoutError:
                 raise RuntimeError(f"bookie {self.id} is already running") from None
-        config_text = "[bookie]\n" + "".join(
-            f"{k} = {_toml_value(v)}\n" for k, v in self.cluster.bookie_config.items())
+        values = {"http_enabled": True, "http_port": self.http_port,
+                  **self.cluster.bookie_config}
+        config_text = "[bookie]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
         await asyncio.to_thread(self._prepare_dir, config_text)
         log = await asyncio.to_thread(open, self.log_path, "ab")
         try:
@@ -188,6 +196,7 @@ class LocalCluster:
         self.bookie_config: dict[str, Any] = {"lease_ttl_s": 4, **(bookie_config or {})}
         self._etcd_port = etcd_port
         self._bookie_ports = list(bookie_ports or [])
+        self._http_ports: list[int] = []
         self.etcd: EtcdServer | None = None
         self.bookies: list[LocalBookie] = []
         self._clients: list[BookKeeper] = []
@@ -217,11 +226,13 @@ class LocalCluster:
             self._etcd_port = self._etcd_port or layout.get("etcd_port")
             saved = layout.get("bookie_ports", [])
             self._bookie_ports = self._bookie_ports or saved
+            self._http_ports = layout.get("http_ports", [])
 
     def _save_layout(self) -> None:
         self._layout_path().write_text(json.dumps({
             "etcd_port": self.etcd.port if self.etcd else self._etcd_port,
             "bookie_ports": [b.port for b in self.bookies],
+            "http_ports": [b.http_port for b in self.bookies],
         }, indent=2))
 
     # ------------------------------------------------------------------ lifecycle
@@ -234,7 +245,8 @@ class LocalCluster:
             await self.etcd.start()
             for i in range(self.bookie_count):
                 port = self._bookie_ports[i] if i < len(self._bookie_ports) else free_port()
-                self.bookies.append(LocalBookie(self, i, port))
+                http = self._http_ports[i] if i < len(self._http_ports) else None
+                self.bookies.append(LocalBookie(self, i, port, http))
             await asyncio.to_thread(self._save_layout)
             await asyncio.gather(*(b.start() for b in self.bookies))
         except BaseException:

@@ -1,0 +1,230 @@
+"""The bookie's HTTP admin endpoint (aiohttp) and its Prometheus metrics.
+
+Routes:
+
+* ``GET /healthz``: 200 ``ok`` while the bookie serves (writable or read-only),
+  503 otherwise (starting, lease lost, draining).
+* ``GET /metrics``: Prometheus text format.  Values are read from the bookie's
+  own counters and histograms at scrape time, so serving metrics costs the
+  request path nothing.
+* ``GET /api/v1/bookie/info``: id, state, disk usage, version, ledgers, entries.
+* ``GET /api/v1/bookie/state``: ``{"state": ..., "read_only": ..., "reasons": [...]}``.
+* ``PUT /api/v1/bookie/state`` with ``{"read_only": true|false}``: switch to
+  read-only for maintenance (adds refused, reads served, the registration moves)
+  and back.  A bookie read-only for another reason (disk, journal, config) stays so.
+
+Bad requests get a 4xx with ``{"error": "..."}``; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from .._version import __version__
+from ..errors import BKError
+from ..stats import LatencyHistogram
+from .processor import BookieState
+
+if TYPE_CHECKING:
+    from .server import BookieServer
+
+PREFIX = "asyncbk_bookie"
+SERVING_STATES = (BookieState.WRITABLE, BookieState.READ_ONLY)
+
+
+def _histogram(name: str, doc: str, h: LatencyHistogram, bookie_id: str
+               ) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=["bookie"])
+    family.add_metric([bookie_id], h.cumulative(), h.sum)
+    return family
+
+
+class BookieCollector:
+    """A Prometheus collector reading a :class:`BookieServer` at scrape time."""
+
+    def __init__(self, bookie: BookieServer) -> None:
+        self.bookie = bookie
+
+    def describe(self) -> list[Metric]:
+        return []  # collected lazily: nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.bookie
+        labels = ["bookie"]
+        ident = [b.bookie_id]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+            g.add_metric(ident, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+            c.add_metric(ident, value)
+            return c
+
+        state = b.processor.state if b.processor is not None else BookieState.STARTING
+        g = GaugeMetricFamily(f"{PREFIX}_state", "1 for the bookie's current state",
+                              labels=["bookie", "state"])
+        for each in BookieState:
+            g.add_metric([b.bookie_id, each.value], 1.0 if each is state else 0.0)
+        yield g
+        yield gauge("read_only", "1 while the bookie refuses adds (read-only)",
+                    1.0 if state is BookieState.READ_ONLY else 0.0)
+        if b.listener is not None:
+            yield gauge("connections", "open client connections", len(b.listener.connections))
+            yield counter("protocol_errors", "connections closed for a malformed frame",
+                          b.listener.protocol_errors)
+        p = b.processor
+        if p is not None:
+            c = p.counters
+            yield counter("add_requests", "adds accepted for journaling", c["adds"])
+            yield counter("add_rejected", "adds refused (read-only, fenced, bad request...)",
+                          c["rejected"])
+            yield counter("add_errors", "adds that failed in the journal", c["add_errors"])
+            yield counter("written_bytes", "entry bytes accepted by adds", c["add_bytes"])
+            yield counter("read_requests", "read and batch-read requests", c["reads"])
+            yield counter("read_entries", "entries returned by reads", c["read_entries"])
+            yield counter("read_bytes", "entry bytes returned by reads", c["read_bytes"])
+            yield counter("read_errors", "reads answered with an I/O error", c["read_errors"])
+            yield counter("fence_requests", "fencing reads", c["fences"])
+            yield _histogram(f"{PREFIX}_add_latency_seconds",
+                             "add: arrival to answer (journal fsync included)", p.add_latency,
+                             b.bookie_id)
+            yield _histogram(f"{PREFIX}_read_latency_seconds", "read: arrival to answer",
+                             p.read_latency, b.bookie_id)
+        s = b.storage
+        if s is not None:
+            st = s.statistics()
+            j = st["journal"]
+            yield gauge("ledgers", "ledgers stored", st["ledgers"])
+            yield gauge("entries", "entries indexed", st["entries"])
+            yield gauge("disk_free_bytes", "free bytes of the ledger disk", st["disk_free_bytes"])
+            yield gauge("disk_total_bytes", "size of the ledger disk", st["disk_total_bytes"])
+            yield counter("checkpoints", "checkpoints written", st["checkpoints"])
+            yield counter("entry_log_flushes", "background entry-log fsyncs",
+                          st["entry_log_flushes"])
+            yield counter("journal_files_deleted", "journal files removed after checkpoints",
+                          st["journal_files_deleted"])
+            yield gauge("journal_queue_entries", "records waiting for or in a journal write",
+                        j["queue_entries"])
+            yield counter("journal_records", "records journaled", j["records"])
+            yield counter("journal_bytes", "bytes journaled", j["bytes"])
+            yield counter("journal_batches", "group commits (one write + fdatasync each)",
+                          j["batches"])
+            fr = CounterMetricFamily(f"{PREFIX}_journal_flushes", "group commits by reason",
+                                     labels=["bookie", "reason"])
+            for reason, n in sorted(j["flush_reasons"].items()):
+                fr.add_metric([b.bookie_id, reason], n)
+            yield fr
+            yield gauge("journal_failed", "1 once the journal failed (bookie read-only)",
+                        1.0 if j["failed"] else 0.0)
+            yield _histogram(f"{PREFIX}_journal_fsync_seconds", "journal fdatasync time",
+                             s.journal.fsync_latency, b.bookie_id)
+            yield _histogram(f"{PREFIX}_journal_batch_records", "records per group commit",
+                             s.journal.batch_records, b.bookie_id)
+
+
+class AdminHttpServer:
+    """aiohttp server of one bookie's admin routes; ``start`` returns the bound port."""
+
+    def __init__(self, bookie: BookieServer, host: str, port: int) -> None:
+        self.bookie = bookie
+        self.host = host
+        self.port = port
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(BookieCollector(bookie))
+        app = web.Application(client_max_size=64 * 1024)
+        app.add_routes([
+            web.get("/healthz", self.healthz),
+            web.get("/metrics", self.metrics),
+            web.get("/api/v1/bookie/info", self.info),
+            web.get("/api/v1/bookie/state", self.get_state),
+            web.put("/api/v1/bookie/state", self.put_state),
+        ])
+        self._runner = web.AppRunner(app, access_log=None)
+
+    async def start(self) -> int:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        return self.port
+
+    async def close(self) -> None:
+        await self._runner.cleanup()
+
+    # ------------------------------------------------------------------ routes
+
+    def _state(self) -> BookieState:
+        p = self.bookie.processor
+        return p.state if p is not None else BookieState.STARTING
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        state = self._state()
+        if state in SERVING_STATES:
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text=f"not serving: {state.value}\n")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def info(self, request: web.Request) -> web.Response:
+        b = self.bookie
+        out: dict[str, Any] = {"bookie_id": b.bookie_id, "state": self._state().value,
+                               "version": __version__, "http_port": self.port}
+        if b.storage is not None:
+            st = b.storage.statistics()
+            free, total = st["disk_free_bytes"], st["disk_total_bytes"]
+            out.update(ledgers=st["ledgers"], entries=st["entries"],
+                       disk={"free_bytes": free, "total_bytes": total,
+                             "used_fraction": round(1 - free / total, 6) if total else None},
+                       journal_dir=b.config.journal_dir, ledger_dir=b.config.ledger_dir)
+        return web.json_response(out)
+
+    async def get_state(self, request: web.Request) -> web.Response:
+        return web.json_response(self._state_doc())
+
+    def _state_doc(self) -> dict[str, Any]:
+        state = self._state()
+        return {"state": state.value, "read_only": state is BookieState.READ_ONLY,
+                "reasons": self.bookie.read_only_reasons()}
+
+    async def put_state(self, request: web.Request) -> web.Response:
+        try:
+            doc = json.loads(await request.text())
+        except ValueError:
+            return _error(400, 'body must be JSON, e.g. {"read_only": true}')
+        if not isinstance(doc, dict) or not isinstance(doc.get("read_only"), bool) \
+                or set(doc) - {"read_only"}:
+            return _error(400, 'body must be {"read_only": true} or {"read_only": false}')
+        if self._state() not in SERVING_STATES:
+            return _error(409, f"bookie is {self._state().value}: try again when it serves")
+        try:
+            await self.bookie.set_manual_read_only(doc["read_only"])
+        except BKError as exc:
+            return _error(503, f"could not switch: {exc}")
+        return web.json_response(self._state_doc())
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+__all__ = ["AdminHttpServer", "BookieCollector"]

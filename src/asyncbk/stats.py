@@ -1,0 +1,58 @@
+"""Cheap in-process statistics for hot paths: fixed-bucket latency histograms.
+
+Recording is a ``bisect`` and three additions (no lock, no allocation), so it
+can run for every request on the event loop.  The HTTP admin endpoint turns
+them into Prometheus histograms when scraped.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+)
+"""Upper bounds (seconds) of the latency buckets, as Prometheus ``le`` labels."""
+
+
+class LatencyHistogram:
+    """Counts of observations per bucket (the last bucket is +Inf), their sum and count."""
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``[(le, cumulative count), ...]`` ending with ``("+Inf", count)``."""
+        out: list[tuple[str, int]] = []
+        total = 0
+        for bound, n in zip(self.bounds, self.counts, strict=False):
+            total += n
+            out.append((repr(bound), total))
+        out.append(("+Inf", total + self.counts[-1]))
+        return out
+
+    def quantile(self, q: float) -> float:
+        """Upper bound of the bucket holding quantile ``q`` (0..1); 0 when empty."""
+        if not self.count:
+            return 0.0
+        rank = q * self.count
+        seen = 0
+        for bound, n in zip(self.bounds, self.counts, strict=False):
+            seen += n
+            if seen >= rank:
+                return bound
+        return float("inf")
+
+
+__all__ = ["LATENCY_BUCKETS_S", "LatencyHistogram"]
