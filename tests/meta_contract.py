@@ -254,3 +254,49 @@ class MetadataStoreContract:
         ids = await asyncio.gather(*(s.get_or_create_instance_id() for s in stores))
         assert len(set(ids)) == 1 and len(ids[0]) == 36
         assert await stores[0].get_or_create_instance_id() == ids[0]
+
+    # --- auto-recovery: locks and under-replication marks --------------------
+
+    async def test_lock_is_exclusive_and_goes_with_its_lease(self,
+                                                             make_store: StoreFactory) -> None:
+        a, b = await make_store(), await make_store()
+        la, lb = await a.grant_lease(30), await b.grant_lease(30)
+        holders = await asyncio.gather(a.acquire_lock("auditor", "A", la),
+                                       b.acquire_lock("auditor", "B", lb))
+        assert holders[0] == holders[1] and holders[0] in ("A", "B")
+        winner, loser = (a, b) if holders[0] == "A" else (b, a)
+        won_lease = la if winner is a else lb
+        assert await loser.lock_holder("auditor") == holders[0]
+        assert await winner.acquire_lock("auditor", holders[0], won_lease) == holders[0]
+        await loser.release_lock("auditor", "nobody")  # not the holder: nothing happens
+        assert await a.lock_holder("auditor") == holders[0]
+        await winner.revoke_lease(won_lease)  # the holder dies
+        assert await a.lock_holder("auditor") is None
+        other = "B" if holders[0] == "A" else "A"
+        other_lease = lb if winner is a else la
+        assert await loser.acquire_lock("auditor", other, other_lease) == other
+        await loser.release_lock("auditor", other)
+        assert await a.lock_holder("auditor") is None
+        assert await a.lock_holder("ledger-7") is None
+        with pytest.raises(MetadataError):
+            await a.acquire_lock("ledger-7", "A", won_lease)  # revoked lease
+
+    async def test_underreplication_marks(self, make_store: StoreFactory) -> None:
+        a, b = await make_store(), await make_store()
+        assert await a.list_underreplicated() == []
+        await a.mark_underreplicated(12, {"b1:3181"})
+        await b.mark_underreplicated(12, {"b2:3181", "b1:3181"})
+        await b.mark_underreplicated(3, {"b9:3181"})
+        (m3, m12) = await a.list_underreplicated()
+        assert (m3.ledger_id, m3.bookies) == (3, frozenset({"b9:3181"}))
+        assert (m12.ledger_id, m12.bookies) == (12, frozenset({"b1:3181", "b2:3181"}))
+        assert m12.marked_ms > 0
+        await a.mark_underreplicated(12, {"b1:3181"})  # already known: unchanged
+        assert (await a.list_underreplicated())[1].version == m12.version
+        await b.mark_underreplicated(12, {"b3:3181"})  # a new loss: the version moves
+        assert not await a.clear_underreplicated(12, m12.version)
+        (_, fresh) = await a.list_underreplicated()
+        assert fresh.bookies == {"b1:3181", "b2:3181", "b3:3181"}
+        assert await a.clear_underreplicated(12, fresh.version)
+        assert not await a.clear_underreplicated(12, fresh.version)  # already gone
+        assert [m.ledger_id for m in await b.list_underreplicated()] == [3]

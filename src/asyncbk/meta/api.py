@@ -8,6 +8,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgpack
+
+from ..errors import MetadataError
 from ..types import BookieId
 from .model import LedgerMetadata
 
@@ -17,6 +20,31 @@ class BookieRegistration:
     bookie_id: BookieId
     readonly: bool
     info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UnderReplicated:
+    """A ledger marked under-replicated: which bookies it lost, and the mark's version."""
+
+    ledger_id: int
+    bookies: frozenset[BookieId]
+    marked_ms: int
+    version: int
+
+
+def pack_underreplicated(bookies: set[BookieId] | frozenset[BookieId], marked_ms: int) -> bytes:
+    return msgpack.packb({"bookies": sorted(bookies), "marked_ms": marked_ms},
+                         use_bin_type=True)
+
+
+def unpack_underreplicated(ledger_id: int, value: bytes, version: int) -> UnderReplicated:
+    try:
+        d = msgpack.unpackb(value, raw=False)
+        return UnderReplicated(ledger_id, frozenset(str(b) for b in d["bookies"]),
+                               int(d["marked_ms"]), version)
+    except Exception as exc:
+        raise MetadataError(f"corrupt under-replication mark of ledger {ledger_id}: "
+                            f"{exc}") from exc
 
 
 class MetadataStore(Protocol):
@@ -100,6 +128,34 @@ class MetadataStore(Protocol):
         ...
 
     async def get_or_create_instance_id(self) -> str:
+        ...
+
+    # --- auto-recovery: lease-backed locks and under-replication marks ------
+    async def acquire_lock(self, name: str, owner: str, lease_id: int) -> str:
+        """Take lock ``name`` for ``owner``, bound to ``lease_id`` (it goes when the
+        lease does), unless someone holds it.  Returns the holder afterwards:
+        ``owner`` if it was taken (or already held by ``owner``), else the other."""
+        ...
+
+    async def lock_holder(self, name: str) -> str | None:
+        ...
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        """Release lock ``name`` if ``owner`` holds it (else nothing)."""
+        ...
+
+    async def mark_underreplicated(self, ledger_id: int, bookies: set[BookieId]) -> None:
+        """Mark a ledger under-replicated for the loss of ``bookies`` (added to
+        those already marked)."""
+        ...
+
+    async def list_underreplicated(self) -> list[UnderReplicated]:
+        """Every marked ledger, by id."""
+        ...
+
+    async def clear_underreplicated(self, ledger_id: int, version: int) -> bool:
+        """Remove the mark if it is still at ``version``; False if it changed (a new
+        loss was marked meanwhile) or is gone."""
         ...
 
     async def close(self) -> None:

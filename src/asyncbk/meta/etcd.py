@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import random
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
@@ -58,7 +59,12 @@ from ..errors import TimeoutError as BKTimeoutError
 from ..log import get_logger
 from ..types import BookieId
 from . import keys
-from .api import BookieRegistration
+from .api import (
+    BookieRegistration,
+    UnderReplicated,
+    pack_underreplicated,
+    unpack_underreplicated,
+)
 from .etcd_stream import lease_keepalive_once, stream_json
 from .memory import pack_registration_info, registrations_from_items
 from .model import LedgerMetadata
@@ -692,6 +698,99 @@ class EtcdMetadataStore:
         if not kvs:
             raise MetadataError("etcd instance id vanished while being read")
         return bytes(kvs[0].value or b"").decode()
+
+    # --- auto-recovery: locks and under-replication marks ------------------
+
+    async def acquire_lock(self, name: str, owner: str, lease_id: int) -> str:
+        key = keys.lock(self.root, name)
+
+        async def op(c: Any) -> Any:
+            try:
+                return await c.txn(
+                    compare=[_compare_absent(key)],
+                    success=[c.put(_key(key), owner.encode(), lease=lease_id, txn_obj=True)],
+                    failure=[c.range(_key(key), txn_obj=True)],
+                )
+            except ErrLeaseNotFound:
+                raise MetadataError(f"cannot take lock {name}: lease {lease_id:#x} does not "
+                                    "exist (expired or revoked)") from None
+
+        # After an unknown outcome the retry finds the lock held, by us or by another.
+        resp = await self._call(f"take lock {name}", op, retry_unknown=True)
+        if resp.succeeded:
+            return owner
+        kvs = _failure_kvs(resp)
+        return bytes(kvs[0].value or b"").decode() if kvs else await self.acquire_lock(
+            name, owner, lease_id)
+
+    async def lock_holder(self, name: str) -> str | None:
+        key = keys.lock(self.root, name)
+        resp = await self._call(f"read lock {name}", lambda c: c.range(_key(key)),
+                                retry_unknown=True)
+        return bytes(resp.kvs[0].value or b"").decode() if resp.kvs else None
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        key = keys.lock(self.root, name)
+        await self._call(
+            f"release lock {name}",
+            lambda c: c.txn(
+                compare=[{"key": _key(key), "result": CompareCompareResult.EQUAL,
+                          "target": CompareCompareTarget.VALUE, "value": owner.encode()}],
+                success=[c.delete_range(_key(key), txn_obj=True)],
+                failure=[],
+            ),
+            retry_unknown=True,
+        )
+
+    async def mark_underreplicated(self, ledger_id: int, bookies: set[BookieId]) -> None:
+        key = keys.underreplicated(self.root, ledger_id)
+        while True:
+            resp = await self._call(f"read mark of ledger {ledger_id}",
+                                    lambda c: c.range(_key(key)), retry_unknown=True)
+            known: set[BookieId] = set()
+            marked_ms = int(time.time() * 1000)
+            compare = _compare_absent(key)
+            if resp.kvs:
+                kv = resp.kvs[0]
+                old = unpack_underreplicated(ledger_id, bytes(kv.value or b""),
+                                             int(kv.mod_revision))
+                if set(bookies) <= old.bookies:
+                    return
+                known, marked_ms = set(old.bookies), old.marked_ms
+                compare = _compare_mod(key, int(kv.mod_revision))
+            value = pack_underreplicated(known | set(bookies), marked_ms)
+            put = await self._call(
+                f"mark ledger {ledger_id} under-replicated",
+                lambda c, cmp=compare, v=value: c.txn(  # type: ignore[misc]
+                    compare=[cmp], success=[c.put(_key(key), v, txn_obj=True)], failure=[]),
+                retry_unknown=True,  # a repeated merge is the same merge
+            )
+            if put.succeeded:
+                return
+
+    async def list_underreplicated(self) -> list[UnderReplicated]:
+        prefix = keys.underreplicated_prefix(self.root)
+        kvs, _ = await self._range_prefix(prefix)
+        out = []
+        for kv in kvs:
+            key = bytes(kv.key).decode(errors="replace")
+            try:
+                ledger_id = int(key[len(prefix):])
+            except ValueError:
+                _log.warning("ignoring malformed under-replication key", key=key)
+                continue
+            out.append(unpack_underreplicated(ledger_id, bytes(kv.value or b""),
+                                              int(kv.mod_revision)))
+        return sorted(out, key=lambda u: u.ledger_id)
+
+    async def clear_underreplicated(self, ledger_id: int, version: int) -> bool:
+        key = keys.underreplicated(self.root, ledger_id)
+        resp = await self._call(
+            f"clear mark of ledger {ledger_id}",
+            lambda c: c.txn(compare=[_compare_mod(key, version)],
+                            success=[c.delete_range(_key(key), txn_obj=True)], failure=[]),
+        )
+        return bool(resp.succeeded)
 
     async def close(self) -> None:
         """Close every HTTP session; watchers end, later calls raise MetadataError."""

@@ -11,7 +11,12 @@ Every key lives under the root prefix of the metadata URI
     <root>/bookies/writable/<bookie>   registration of a writable bookie, bound to its lease
     <root>/bookies/readonly/<bookie>   registration of a read-only bookie, bound to its lease
     <root>/cookies/<bookie>            cookie binding a bookie id to its directories
-    <root>/underreplication/...        reserved for auto-recovery
+    <root>/underreplication/ledgers/<id:020d>
+                                       a ledger that lost replicas (msgpack map:
+                                       bookies, marked_ms)
+    <root>/underreplication/locks/<name>
+                                       lease-bound locks: "auditor" (the elected
+                                       auditor), "ledger-<id>" (a replication worker)
 
 Values of registrations are msgpack maps (``BookieRegistration.info``).
 """
@@ -77,6 +82,18 @@ def cookie(root: str, bookie_id: str) -> str:
 
 def underreplication_prefix(root: str) -> str:
     return f"{root}/underreplication/"
+
+
+def underreplicated_prefix(root: str) -> str:
+    return f"{root}/underreplication/ledgers/"
+
+
+def underreplicated(root: str, ledger_id: int) -> str:
+    return f"{root}/underreplication/ledgers/{ledger_id:0{LEDGER_ID_DIGITS}d}"
+
+
+def lock(root: str, name: str) -> str:
+    return f"{root}/underreplication/locks/{name}"
 
 
 def prefix_end(prefix: str) -> str:

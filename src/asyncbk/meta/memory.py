@@ -29,6 +29,7 @@ one version really race), while each operation stays atomic.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
@@ -41,7 +42,12 @@ from ..errors import MetadataError, MetadataVersionError, NoSuchLedgerError
 from ..log import get_logger
 from ..types import BookieId
 from . import keys
-from .api import BookieRegistration
+from .api import (
+    BookieRegistration,
+    UnderReplicated,
+    pack_underreplicated,
+    unpack_underreplicated,
+)
 from .model import LedgerMetadata
 
 _log = get_logger(component="meta")
@@ -500,6 +506,65 @@ class MemoryMetadataStore:
         instance_id = str(uuid.uuid4())
         self.state.put(key, instance_id.encode(), self.state.next_revision())
         return instance_id
+
+    # --- auto-recovery -------------------------------------------------------
+
+    async def acquire_lock(self, name: str, owner: str, lease_id: int) -> str:
+        await self._enter()
+        key = keys.lock(self.root, name)
+        entry = self.state.get(key)
+        if entry is not None:
+            return entry.value.decode()
+        if not self.state.lease_alive(lease_id):
+            raise MetadataError(f"cannot take lock {name}: lease {lease_id:#x} does not exist")
+        self.state.put(key, owner.encode(), self.state.next_revision(), lease_id)
+        return owner
+
+    async def lock_holder(self, name: str) -> str | None:
+        await self._enter()
+        entry = self.state.get(keys.lock(self.root, name))
+        return None if entry is None else entry.value.decode()
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        await self._enter()
+        key = keys.lock(self.root, name)
+        entry = self.state.get(key)
+        if entry is not None and entry.value.decode() == owner:
+            self.state.next_revision()
+            self.state.delete(key)
+
+    async def mark_underreplicated(self, ledger_id: int, bookies: set[BookieId]) -> None:
+        await self._enter()
+        key = keys.underreplicated(self.root, ledger_id)
+        entry = self.state.get(key)
+        known: set[BookieId] = set()
+        marked_ms = int(time.time() * 1000)
+        if entry is not None:
+            old = unpack_underreplicated(ledger_id, entry.value, entry.mod_revision)
+            known, marked_ms = set(old.bookies), old.marked_ms
+            if set(bookies) <= known:
+                return
+        self.state.put(key, pack_underreplicated(known | set(bookies), marked_ms),
+                       self.state.next_revision())
+
+    async def list_underreplicated(self) -> list[UnderReplicated]:
+        await self._enter()
+        prefix = keys.underreplicated_prefix(self.root)
+        out = []
+        for key, entry in self.state.range(prefix):
+            ledger_id = int(key[len(prefix):])
+            out.append(unpack_underreplicated(ledger_id, entry.value, entry.mod_revision))
+        return sorted(out, key=lambda u: u.ledger_id)
+
+    async def clear_underreplicated(self, ledger_id: int, version: int) -> bool:
+        await self._enter()
+        key = keys.underreplicated(self.root, ledger_id)
+        entry = self.state.get(key)
+        if entry is None or entry.mod_revision != version:
+            return False
+        self.state.next_revision()
+        self.state.delete(key)
+        return True
 
     async def close(self) -> None:
         """Close this client: later calls fail, its watchers end.  The shared
