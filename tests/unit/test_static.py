@@ -21,8 +21,10 @@ ALLOWED: dict[str, set[str]] = {
     "net": BOTTOM | {"net", "proto"},
     "client": BOTTOM | {"client", "net", "proto", "meta"},
     "bookie": BOTTOM | {"bookie", "net", "proto", "meta"},
+    "autorecovery": BOTTOM | {"autorecovery", "client", "net", "proto", "meta"},
     "testing": BOTTOM | {"testing", "client", "bookie", "net", "proto", "meta"},
-    "cli": BOTTOM | {"cli", "testing", "client", "bookie", "net", "proto", "meta"},
+    "cli": BOTTOM | {"cli", "testing", "client", "bookie", "net", "proto", "meta",
+                     "autorecovery"},
 }
 for _m in BOTTOM:
     ALLOWED[_m] = BOTTOM

@@ -19,7 +19,7 @@ Bad requests get a 4xx with ``{"error": "..."}``; the server keeps serving.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -140,12 +140,16 @@ class BookieCollector:
 class AdminHttpServer:
     """aiohttp server of one bookie's admin routes; ``start`` returns the bound port."""
 
-    def __init__(self, bookie: BookieServer, host: str, port: int) -> None:
+    def __init__(self, bookie: BookieServer, host: str, port: int,
+                 extra_routes: Sequence[web.RouteDef] = (),
+                 extra_collectors: Sequence[Any] = ()) -> None:
         self.bookie = bookie
         self.host = host
         self.port = port
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(BookieCollector(bookie))
+        for collector in extra_collectors:  # e.g. auto-recovery running in this process
+            self.registry.register(collector)
         app = web.Application(client_max_size=64 * 1024)
         app.add_routes([
             web.get("/healthz", self.healthz),
@@ -153,6 +157,7 @@ class AdminHttpServer:
             web.get("/api/v1/bookie/info", self.info),
             web.get("/api/v1/bookie/state", self.get_state),
             web.put("/api/v1/bookie/state", self.put_state),
+            *extra_routes,
         ])
         self._runner = web.AppRunner(app, access_log=None)
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .._version import __version__
 from ..config import BookieConfig
@@ -30,6 +31,15 @@ from .http import AdminHttpServer
 from .processor import BookieState, RequestProcessor
 from .registration import Registration
 from .storage import LedgerStorage
+
+
+class Companion(Protocol):
+    """Something run beside a bookie in its process (auto-recovery): started after the
+    bookie, closed before it."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class BookieServer:
@@ -58,6 +68,8 @@ class BookieServer:
         self.read_only_manual = False
         self.journal_failed = False
         self.http: AdminHttpServer | None = None
+        self.http_extra_routes: list[Any] = []
+        self.http_extra_collectors: list[Any] = []
 
     async def start(self) -> None:
         cfg = self.config
@@ -90,7 +102,8 @@ class BookieServer:
             await self.registration.start()
             self._disk_task = asyncio.get_running_loop().create_task(self._watch_disk())
             if cfg.http_enabled:
-                self.http = AdminHttpServer(self, cfg.http_host, cfg.http_port)
+                self.http = AdminHttpServer(self, cfg.http_host, cfg.http_port,
+                                            self.http_extra_routes, self.http_extra_collectors)
                 port = await self.http.start()
                 self.log.info("http admin listening", http_host=cfg.http_host, http_port=port)
         except BaseException:
@@ -233,9 +246,13 @@ def disk_read_only(read_only_now: bool, used: float, threshold: float,
     return read_only_now
 
 
-async def run_bookie(config: BookieConfig, ready_line: bool = True) -> None:
-    """Run a bookie until SIGTERM / SIGINT, then stop it gracefully."""
+async def run_bookie(config: BookieConfig, ready_line: bool = True,
+                     companion_factory: Callable[[BookieServer], Awaitable[Companion]]
+                     | None = None) -> None:
+    """Run a bookie until SIGTERM / SIGINT, then stop it gracefully.  A companion
+    (made before the bookie starts, so it can add HTTP routes) runs beside it."""
     server = BookieServer(config)
+    companion = await companion_factory(server) if companion_factory is not None else None
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -245,8 +262,12 @@ async def run_bookie(config: BookieConfig, ready_line: bool = True) -> None:
     except BaseException:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if companion is not None:
+            await companion.close()
         raise
     try:
+        if companion is not None:
+            await companion.start()
         if ready_line:
             # Machine-readable line that harnesses wait for.
             print(f"ready {server.bookie_id}", flush=True)  # noqa: T201
@@ -254,4 +275,6 @@ async def run_bookie(config: BookieConfig, ready_line: bool = True) -> None:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if companion is not None:
+            await companion.close()
         await server.stop()

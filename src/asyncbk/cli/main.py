@@ -73,6 +73,38 @@ def _id_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected ids separated by commas, got {text!r}") from None
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _add_autorecovery_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lost-bookie-delay", type=_non_negative_float, default=30.0,
+                   metavar="SECONDS", help="a bookie gone this long is lost and its ledgers "
+                   "re-replicated (default 30)")
+    p.add_argument("--audit-interval", type=_positive_float, default=60.0, metavar="SECONDS",
+                   help="how often the auditor checks every ledger (default 60)")
+    p.add_argument("--open-ledger-grace", type=_non_negative_float, default=30.0,
+                   metavar="SECONDS", help="how long an open ledger's writer gets to replace a "
+                   "lost bookie itself before the ledger is fenced and copied (default 30)")
+    p.add_argument("--rate", type=_non_negative_float, default=5000.0, metavar="ENTRIES",
+                   help="entries copied per second by this worker, 0 = no limit (default 5000)")
+
+
+def _autorecovery_config(args: argparse.Namespace) -> Any:
+    from ..autorecovery.service import AutoRecoveryConfig
+
+    return AutoRecoveryConfig(lost_bookie_delay_s=args.lost_bookie_delay,
+                              audit_interval_s=args.audit_interval,
+                              open_ledger_grace_s=args.open_ledger_grace,
+                              rate_entries_per_s=args.rate).validate()
+
+
 def _add_bench_options(p: argparse.ArgumentParser, default_quorum: int) -> None:
     p.add_argument("--entries", type=_positive_int, default=10_000,
                    help="entries to write or read (default 10000)")
@@ -134,6 +166,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve the HTTP admin endpoint (/metrics, /healthz, /api/v1/bookie/...) "
                    "on this port")
     p.add_argument("--config", help="TOML file of bookie settings (command-line options win)")
+    p.add_argument("--autorecovery", action="store_true",
+                   help="also run auto-recovery (auditor candidate + replication worker) in "
+                   "this process")
+    _add_autorecovery_options(p)
+    _add_log_options(p)
+
+    p = sub.add_parser("autorecovery", help="run auto-recovery (auditor + replication worker)",
+                       description="Run auto-recovery: one process of any number is elected "
+                       "auditor (through etcd) and marks the ledgers of lost bookies "
+                       "under-replicated; every process re-replicates marked ledgers. Runs "
+                       "until Ctrl-C / SIGTERM.")
+    p.add_argument("--metadata-uri", required=True,
+                   help="etcd://host:port[,host:port...]/<root>")
+    p.add_argument("--id", help="name of this process in the election (default host:pid)")
+    p.add_argument("--http-port", type=_port,
+                   help="serve /healthz, /metrics and /api/v1/autorecovery/... on this port")
+    p.add_argument("--http-host", default="127.0.0.1", help="address of the HTTP endpoint")
+    _add_autorecovery_options(p)
     _add_log_options(p)
 
     p = sub.add_parser("bench", help="benchmarks: write and read throughput and latency",
@@ -194,7 +244,60 @@ def cmd_bookie(args: argparse.Namespace) -> int:
             raise CliError(f"{flag} is required (or set {required} in --config)")
     config = from_mapping(BookieConfig, values, args.config or "options")
     _configure_logging(args)
-    return _run(lambda: run_bookie(config))
+    if not args.autorecovery:
+        return _run(lambda: run_bookie(config))
+    ar_config = _autorecovery_config(args)
+
+    async def companion(server: Any) -> Any:
+        from ..autorecovery.http import AutoRecoveryCollector, routes
+        from ..autorecovery.service import AutoRecovery
+        from ..client.client import BookKeeper
+
+        bk = await BookKeeper.connect(config.metadata_uri)
+        ar = AutoRecovery(bk, ar_config, process_id=f"bookie-{server.bookie_id}",
+                          owns_client=True)
+        server.http_extra_routes.extend(routes(ar))
+        server.http_extra_collectors.append(AutoRecoveryCollector(ar))
+        return ar
+
+    return _run(lambda: run_bookie(config, companion_factory=companion))
+
+
+def cmd_autorecovery(args: argparse.Namespace) -> int:
+    from ..meta.uri import parse_metadata_uri
+
+    parse_metadata_uri(args.metadata_uri)
+    ar_config = _autorecovery_config(args)
+    _configure_logging(args)
+
+    async def run() -> int:
+        import signal
+
+        from ..autorecovery.http import AutoRecoveryHttpServer
+        from ..autorecovery.service import AutoRecovery
+        from ..client.client import BookKeeper
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        bk = await BookKeeper.connect(args.metadata_uri)
+        ar = AutoRecovery(bk, ar_config, process_id=args.id, owns_client=True)
+        http = None
+        try:
+            await ar.start()
+            if args.http_port is not None:
+                http = AutoRecoveryHttpServer(ar, args.http_host, args.http_port)
+                await http.start()
+            print(f"ready autorecovery {ar.id}", flush=True)
+            await stop.wait()
+        finally:
+            if http is not None:
+                await http.close()
+            await ar.close()
+        return 0
+
+    return _run(run)
 
 
 def cmd_standalone(args: argparse.Namespace) -> int:
@@ -238,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = parser.parse_args(argv)
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "bookie": cmd_bookie, "standalone": cmd_standalone, "bench": cmd_bench,
+        "autorecovery": cmd_autorecovery,
     }
     prog = f"asyncbk {args.command}" if args.command else "asyncbk"
     try:

@@ -50,27 +50,12 @@ def _toml_value(v: Any) -> str:
     return json.dumps(str(v))
 
 
-class LocalBookie:
-    """One bookie process of a LocalCluster."""
+class _ChildProcess:
+    """Signals and stopping of one child process of a LocalCluster."""
 
-    def __init__(self, cluster: LocalCluster, index: int, port: int,
-                 http_port: int | None = None) -> None:
-        self.cluster = cluster
-        self.index = index
-        self.port = port
-        self.http_port = http_port or free_port()
-        """Port of the bookie's HTTP admin endpoint (metrics, health, state)."""
-        self.id = f"127.0.0.1:{port}"
-        self.dir = cluster.data_dir / f"bookie-{index}"
-        self.journal_dir = self.dir / "journal"
-        self.ledger_dir = self.dir / "ledgers"
-        self.log_path = self.dir / "bookie.log"
-        self.config_path = self.dir / "bookie.toml"
-        self.process: asyncio.subprocess.Process | None = None
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+    process: asyncio.subprocess.Process | None = None
+    log_path: Path
+    name: str = "process"
 
     @property
     def pid(self) -> int | None:
@@ -80,38 +65,13 @@ class LocalBookie:
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
 
-    def command(self) -> list[str]:
-        return [
-            sys.executable, "-m", "asyncbk", "bookie",
-            "--metadata-uri", self.cluster.metadata_uri,
-            "--port", str(self.port),
-            "--journal-dir", str(self.journal_dir),
-            "--ledger-dir", str(self.ledger_dir),
-            "--config", str(self.config_path),
-        ]
-
-    def _prepare_dir(self, config_text: str) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(config_text)
-
-    async def start(self) -> None:
-        """Start the process (same id, same directories) and wait for its ready line."""
-        if self.process is not None:
-            try:  # a kill() just before: give the process a moment to be reaped
-                async with asyncio.timeout(5):
-                    await self.process.wait()
-            except TimeoutError:
-                raise RuntimeError(f"bookie {self.id} is already running") from None
-        values = {"http_enabled": True, "http_port": self.http_port,
-                  **self.cluster.bookie_config}
-        config_text = "[bookie]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
-        await asyncio.to_thread(self._prepare_dir, config_text)
+    async def _spawn(self, command: list[str], env: dict[str, str], ready: str) -> None:
+        """Start ``command`` (stderr to the log) and wait for the line ``ready`` on stdout."""
         log = await asyncio.to_thread(open, self.log_path, "ab")
         try:
             self.process = await asyncio.create_subprocess_exec(
-                *self.command(), stdout=asyncio.subprocess.PIPE, stderr=log,
-                stdin=asyncio.subprocess.DEVNULL, env=self.cluster.child_env(),
-                start_new_session=True)
+                *command, stdout=asyncio.subprocess.PIPE, stderr=log,
+                stdin=asyncio.subprocess.DEVNULL, env=env, start_new_session=True)
         finally:
             log.close()
         assert self.process.stdout is not None
@@ -121,13 +81,13 @@ class LocalBookie:
                     line = await self.process.stdout.readline()
                     if not line:
                         code = await self.process.wait()
-                        raise BKError(f"bookie {self.id} exited with code {code} before it was "
+                        raise BKError(f"{self.name} exited with code {code} before it was "
                                       f"ready; log tail:\n{_tail(self.log_path)}")
-                    if line.decode(errors="replace").strip() == f"ready {self.id}":
+                    if line.decode(errors="replace").strip() == ready:
                         return
         except TimeoutError:
             self.kill()
-            raise BKError(f"bookie {self.id} not ready after {READY_TIMEOUT_S}s; log tail:\n"
+            raise BKError(f"{self.name} not ready after {READY_TIMEOUT_S}s; log tail:\n"
                           f"{_tail(self.log_path)}") from None
         except BaseException:
             self.kill()
@@ -171,6 +131,88 @@ class LocalBookie:
         await self.process.wait()
 
 
+
+class LocalBookie(_ChildProcess):
+    """One bookie process of a LocalCluster."""
+
+    def __init__(self, cluster: LocalCluster, index: int, port: int,
+                 http_port: int | None = None) -> None:
+        self.cluster = cluster
+        self.index = index
+        self.port = port
+        self.http_port = http_port or free_port()
+        """Port of the bookie's HTTP admin endpoint (metrics, health, state)."""
+        self.id = f"127.0.0.1:{port}"
+        self.dir = cluster.data_dir / f"bookie-{index}"
+        self.journal_dir = self.dir / "journal"
+        self.ledger_dir = self.dir / "ledgers"
+        self.log_path = self.dir / "bookie.log"
+        self.config_path = self.dir / "bookie.toml"
+        self.name = f"bookie {self.id}"
+        self.process = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "asyncbk", "bookie",
+            "--metadata-uri", self.cluster.metadata_uri,
+            "--port", str(self.port),
+            "--journal-dir", str(self.journal_dir),
+            "--ledger-dir", str(self.ledger_dir),
+            "--config", str(self.config_path),
+        ]
+
+    def _prepare_dir(self, config_text: str) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(config_text)
+
+    async def start(self) -> None:
+        """Start the process (same id, same directories) and wait for its ready line."""
+        if self.process is not None:
+            try:  # a kill() just before: give the process a moment to be reaped
+                async with asyncio.timeout(5):
+                    await self.process.wait()
+            except TimeoutError:
+                raise RuntimeError(f"bookie {self.id} is already running") from None
+        values = {"http_enabled": True, "http_port": self.http_port,
+                  **self.cluster.bookie_config}
+        config_text = "[bookie]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
+        await asyncio.to_thread(self._prepare_dir, config_text)
+        await self._spawn(self.command(), self.cluster.child_env(), f"ready {self.id}")
+
+
+class LocalAutoRecovery(_ChildProcess):
+    """An ``asyncbk autorecovery`` process of a LocalCluster."""
+
+    def __init__(self, cluster: LocalCluster, name: str, options: dict[str, Any]) -> None:
+        self.cluster = cluster
+        self.id = name
+        self.name = f"autorecovery {name}"
+        self.options = options
+        self.http_port = free_port()
+        self.log_path = cluster.data_dir / f"autorecovery-{name}.log"
+        self.process = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "asyncbk", "autorecovery",
+               "--metadata-uri", self.cluster.metadata_uri, "--id", self.id,
+               "--http-port", str(self.http_port)]
+        for k, v in self.options.items():
+            cmd += [f"--{k.replace('_', '-')}", str(v)]
+        return cmd
+
+    async def start(self) -> None:
+        await self._spawn(self.command(), self.cluster.child_env(),
+                          f"ready autorecovery {self.id}")
+
+
 class LocalCluster:
     """etcd + N bookie processes on loopback."""
 
@@ -199,6 +241,7 @@ class LocalCluster:
         self._http_ports: list[int] = []
         self.etcd: EtcdServer | None = None
         self.bookies: list[LocalBookie] = []
+        self.autorecovery: list[LocalAutoRecovery] = []
         self._clients: list[BookKeeper] = []
 
     @property
@@ -263,6 +306,14 @@ class LocalCluster:
         await bookie.start()
         return bookie
 
+    async def start_autorecovery(self, **options: Any) -> LocalAutoRecovery:
+        """Start an ``asyncbk autorecovery`` process; ``options`` are its command-line
+        options without dashes (``lost_bookie_delay=2``, ``rate=0``...)."""
+        ar = LocalAutoRecovery(self, f"ar{len(self.autorecovery)}", options)
+        self.autorecovery.append(ar)
+        await ar.start()
+        return ar
+
     async def client(self, **options: Any) -> BookKeeper:
         """A connected client, closed when the cluster stops."""
         bk = await BookKeeper.connect(self.metadata_uri, **options)
@@ -277,8 +328,10 @@ class LocalCluster:
                 await bk.close()
             except BKError:
                 pass
+        procs: list[_ChildProcess] = [*self.autorecovery, *self.bookies]
+        await asyncio.gather(*(p.stop() for p in self.autorecovery), return_exceptions=True)
         await asyncio.gather(*(b.stop() for b in self.bookies), return_exceptions=True)
-        for b in self.bookies:  # whatever survived the graceful stop
+        for b in procs:  # whatever survived the graceful stop
             b.kill()
             if b.process is not None:
                 await b.process.wait()

@@ -1,0 +1,1 @@
+"""Auto-recovery: the auditor, replication workers and manual re-replication."""

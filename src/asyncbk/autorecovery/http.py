@@ -1,0 +1,134 @@
+"""HTTP routes and Prometheus metrics of auto-recovery.
+
+Served by ``asyncbk autorecovery --http-port P`` on its own, and by a bookie
+running auto-recovery in-process (``asyncbk bookie --autorecovery``) beside the
+bookie's routes:
+
+* ``GET /api/v1/autorecovery/status``: this process's role and progress.
+* ``GET /api/v1/autorecovery/auditor``: ``{"auditor": id or null}``.
+* ``GET /api/v1/autorecovery/underreplicated``: the marked ledgers, with the lost
+  bookies of each and how long ago they were marked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+
+from ..errors import BKError
+from .service import AUDITOR_LOCK, AutoRecovery
+
+PREFIX = "asyncbk_autorecovery"
+
+
+class AutoRecoveryCollector:
+    def __init__(self, ar: AutoRecovery) -> None:
+        self.ar = ar
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.ar.status
+        r = st.replication
+        labels, ident = ["id"], [st.id]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+            g.add_metric(ident, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+            c.add_metric(ident, value)
+            return c
+
+        yield gauge("is_auditor", "1 while this process is the elected auditor",
+                    1.0 if st.is_auditor else 0.0)
+        yield gauge("lost_bookies", "bookies found lost by this auditor", len(st.lost))
+        yield gauge("bookies_within_delay", "bookies gone but not yet lost (within the delay)",
+                    len(st.lost_pending))
+        yield gauge("underreplicated_ledgers", "marked ledgers at the worker's last round",
+                    st.underreplicated)
+        yield gauge("replicating", "1 while a ledger is being re-replicated",
+                    0.0 if st.replicating is None else 1.0)
+        yield counter("ledgers_marked", "ledgers marked under-replicated by this auditor",
+                      st.ledgers_marked)
+        yield counter("audits", "full scans of the ledgers", st.audits)
+        yield counter("replicated_ledgers", "ledgers made whole again", st.replicated_ledgers)
+        yield counter("recovered_open_ledgers", "open ledgers fenced and closed to copy them",
+                      st.recovered_open_ledgers)
+        yield counter("copied_entries", "entries copied to replacement bookies", r.entries)
+        yield counter("copied_bytes", "bytes copied to replacement bookies", r.bytes)
+        yield counter("copied_fragments", "fragments copied", r.fragments)
+        yield counter("errors", "re-replication attempts that failed", r.errors)
+
+
+def routes(ar: AutoRecovery) -> list[web.RouteDef]:
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(ar.status.to_json())
+
+    async def auditor(request: web.Request) -> web.Response:
+        try:
+            return web.json_response({"auditor": await ar.meta.lock_holder(AUDITOR_LOCK)})
+        except BKError as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+
+    async def underreplicated(request: web.Request) -> web.Response:
+        try:
+            marks = await ar.meta.list_underreplicated()
+        except BKError as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        now_ms = time.time() * 1000
+        return web.json_response({"ledgers": [
+            {"ledger_id": m.ledger_id, "lost_bookies": sorted(m.bookies),
+             "marked_s_ago": round((now_ms - m.marked_ms) / 1000, 1)} for m in marks]})
+
+    return [web.get("/api/v1/autorecovery/status", status),
+            web.get("/api/v1/autorecovery/auditor", auditor),
+            web.get("/api/v1/autorecovery/underreplicated", underreplicated)]
+
+
+class AutoRecoveryHttpServer:
+    """The HTTP endpoint of a stand-alone auto-recovery process."""
+
+    def __init__(self, ar: AutoRecovery, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(AutoRecoveryCollector(ar))
+
+        async def healthz(request: web.Request) -> web.Response:
+            return web.Response(text="ok\n")
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(body=generate_latest(self.registry),
+                                headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app = web.Application(client_max_size=64 * 1024)
+        app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics),
+                        *routes(ar)])
+        self._runner = web.AppRunner(app, access_log=None)
+
+    async def start(self) -> int:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        sockets = getattr(getattr(site, "_server", None), "sockets", None) or []
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        return self.port
+
+    async def close(self) -> None:
+        await self._runner.cleanup()
+
+
+__all__ = ["AutoRecoveryCollector", "AutoRecoveryHttpServer", "routes"]

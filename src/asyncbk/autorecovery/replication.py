@@ -1,0 +1,245 @@
+"""Re-replication: copy the entries a lost bookie held to a new bookie.
+
+A *fragment* (entries ``first..last`` written to one ensemble) loses a replica
+when a bookie of its ensemble is gone for good.  :func:`replicate_ledger`
+copies, for every such fragment, each entry whose write set includes the lost
+position: it reads the entry's stored body from a surviving replica (checking
+its digest), writes it byte for byte to a replacement bookie chosen by the
+placement policy (an ADD with the RECOVERY_ADD flag, so a fenced or closed
+ledger accepts it, acknowledged after the new bookie's fsync), and then swaps
+the bookie in that fragment's ensemble by compare-and-swap on the metadata.
+
+Only fragments that can no longer grow are copied: those of a closed ledger,
+and the earlier fragments of an open one.  The last fragment of an open ledger
+belongs to its writer (which replaces failed bookies itself); if the writer is
+gone, the caller recovers (fences and closes) the ledger first.
+
+A writer changing its own ensemble at the same time only costs a retry: both
+sides compare-and-swap, and each re-reads and re-applies its change on top
+of the other's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import (
+    BKError,
+    BookieUnavailableError,
+    DigestMismatchError,
+    MetadataVersionError,
+    NotEnoughBookiesError,
+)
+from ..log import get_logger
+from ..meta.model import LedgerMetadata
+from ..proto import AddFlag, AddRequest, AddResponse, ReadRequest, ReadResponse, Status
+from ..types import BookieId
+
+if TYPE_CHECKING:
+    from ..client.client import BookKeeper
+
+COPY_WINDOW = 64
+"""Entries being copied at once, per fragment."""
+
+_log = get_logger(component="replication")
+
+
+class RateLimiter:
+    """A token bucket: ``await acquire()`` at most ``rate`` times a second (0: no limit)."""
+
+    def __init__(self, rate_per_s: float, burst: float | None = None) -> None:
+        self.rate = rate_per_s
+        self.burst = burst if burst is not None else max(1.0, rate_per_s / 10)
+        self._tokens = self.burst
+        self._last = time.monotonic()
+
+    async def acquire(self) -> None:
+        if self.rate <= 0:
+            return
+        while True:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return
+            await asyncio.sleep((1 - self._tokens) / self.rate)
+
+
+@dataclass
+class ReplicationStats:
+    ledgers: int = 0
+    fragments: int = 0
+    entries: int = 0
+    bytes: int = 0
+    errors: int = 0
+
+
+def lost_positions(md: LedgerMetadata, available: set[BookieId]) -> list[tuple[int, int]]:
+    """``(fragment index, position)`` of every bookie of the ledger that is not available."""
+    return [(i, p) for i, (_, ens) in enumerate(md.ensembles) for p, b in enumerate(ens)
+            if b not in available]
+
+
+def needs_recovery_first(md: LedgerMetadata, available: set[BookieId]) -> bool:
+    """Whether the ledger is still open with a lost bookie in its last fragment."""
+    if md.is_closed:
+        return False
+    return any(b not in available for b in md.ensembles[-1][1])
+
+
+async def replicate_ledger(bk: BookKeeper, ledger_id: int, available: set[BookieId],
+                           writable: list[BookieId], limiter: RateLimiter,
+                           stats: ReplicationStats,
+                           progress: Callable[[int, int], None] | None = None,
+                           dry_run: bool = False) -> list[str]:
+    """Copy every copyable fragment of ``ledger_id`` that has a bookie outside
+    ``available`` to a replacement from ``writable``; returns what was (or, with
+    ``dry_run``, would be) done, one line per fragment."""
+    from ..client.digest import DigestManager, master_key
+
+    md = await bk.meta.read_ledger(ledger_id)
+    digest = DigestManager(md.ledger_id, md.digest, md.password)
+    key = master_key(md.password)
+    done: list[str] = []
+    index = 0
+    while index < len(md.ensembles):
+        first, ensemble = md.ensembles[index]
+        last = md.fragment_bounds(index)[1]
+        is_open_tail = index == len(md.ensembles) - 1 and not md.is_closed
+        lost = [p for p, b in enumerate(ensemble) if b not in available]
+        if not lost or is_open_tail:
+            index += 1
+            continue
+        exclude = set(ensemble)
+        choices = [b for b in writable if b not in exclude]
+        if len(choices) < len(lost):
+            raise NotEnoughBookiesError(
+                f"ledger {ledger_id} fragment at {first}: {len(lost)} replacement(s) needed, "
+                f"{len(choices)} writable bookie(s) outside the ensemble; start more bookies")
+        new_bookies = bk.placement.new_ensemble(len(lost), choices)
+        replaced = dict(zip(lost, new_bookies, strict=True))
+        count = sum(1 for e in range(first, last + 1)
+                    if any((p - e) % md.ensemble_size < md.write_quorum for p in lost))
+        line = (f"ledger {ledger_id} fragment {index} (entries {first}..{last}, {count} to copy): "
+                + ", ".join(f"{ensemble[p]} -> {b}" for p, b in replaced.items()))
+        done.append(line)
+        if dry_run:
+            index += 1
+            continue
+        await _copy_fragment(bk, md, digest, key, first, last, ensemble, replaced, limiter,
+                             stats, progress)
+        md = await _swap_bookies(bk, md, index, first, ensemble, replaced)
+        stats.fragments += 1
+        _log.info("fragment re-replicated", ledger_id=ledger_id, fragment=index, first=first,
+                  last=last, entries=count, replaced={ensemble[p]: b for p, b in replaced.items()})
+        index += 1
+    if done and not dry_run:
+        stats.ledgers += 1
+    return done
+
+
+async def _copy_fragment(bk: BookKeeper, md: LedgerMetadata, digest: object, key: bytes,
+                         first: int, last: int, ensemble: tuple[BookieId, ...],
+                         replaced: dict[int, BookieId], limiter: RateLimiter,
+                         stats: ReplicationStats,
+                         progress: Callable[[int, int], None] | None) -> None:
+    todo = [(e, p) for e in range(first, last + 1) for p in replaced
+            if (p - e) % md.ensemble_size < md.write_quorum]
+    total = len(todo)
+    copied = 0
+    sem = asyncio.Semaphore(COPY_WINDOW)
+
+    async def copy(entry_id: int, position: int) -> None:
+        nonlocal copied
+        async with sem:
+            await limiter.acquire()
+            body = await _read_body(bk, md, digest, entry_id, ensemble, set(replaced))
+            await _write_body(bk, md, key, entry_id, body, replaced[position])
+            copied += 1
+            stats.entries += 1
+            stats.bytes += len(body)
+            if progress is not None:
+                progress(copied, total)
+
+    tasks = [asyncio.create_task(copy(e, p)) for e, p in todo]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        stats.errors += 1
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _read_body(bk: BookKeeper, md: LedgerMetadata, digest: object, entry_id: int,
+                     ensemble: tuple[BookieId, ...], lost: set[int]) -> bytes:
+    """The stored body of ``entry_id`` from a surviving replica, digest checked."""
+    from ..client.digest import DigestManager
+
+    assert isinstance(digest, DigestManager)
+    errors: list[str] = []
+    for p in range(md.ensemble_size):
+        if (p - entry_id) % md.ensemble_size >= md.write_quorum or p in lost:
+            continue
+        bookie = ensemble[p]
+        ch = bk.bookie_client.channel(bookie)
+        try:
+            resp = await ch.request(ReadRequest(ch.next_request_id(), md.ledger_id, entry_id,
+                                                0, b""), bk.config.read_timeout_s)
+        except BKError as exc:
+            errors.append(f"{bookie}: {exc}")
+            continue
+        assert isinstance(resp, ReadResponse)
+        if resp.status != Status.OK:
+            errors.append(f"{bookie}: {Status(resp.status).name}")
+            continue
+        try:
+            digest.unseal(entry_id, resp.body)
+        except DigestMismatchError as exc:
+            errors.append(f"{bookie}: {exc}")
+            continue
+        return resp.body
+    raise BookieUnavailableError(f"ledger {md.ledger_id} entry {entry_id}: no surviving "
+                                 f"replica could be read ({'; '.join(errors)})")
+
+
+async def _write_body(bk: BookKeeper, md: LedgerMetadata, key: bytes, entry_id: int,
+                      body: bytes, bookie: BookieId) -> None:
+    ch = bk.bookie_client.channel(bookie)
+    resp = await ch.request(AddRequest(ch.next_request_id(), md.ledger_id, entry_id, key,
+                                       int(AddFlag.RECOVERY_ADD), -1, body),
+                            bk.config.add_timeout_s)
+    assert isinstance(resp, AddResponse)
+    if resp.status != Status.OK:
+        raise BookieUnavailableError(f"copy of ledger {md.ledger_id} entry {entry_id} to "
+                                     f"{bookie}: bookie answered {Status(resp.status).name}")
+
+
+async def _swap_bookies(bk: BookKeeper, md: LedgerMetadata, index: int, first: int,
+                        ensemble: tuple[BookieId, ...],
+                        replaced: dict[int, BookieId]) -> LedgerMetadata:
+    """Put the replacements into fragment ``index`` by compare-and-swap, re-reading on a
+    lost race; fails if the fragment itself changed meanwhile (copy again)."""
+    while True:
+        fragments = list(md.ensembles)
+        if index >= len(fragments) or fragments[index] != (first, ensemble):
+            raise MetadataVersionError(
+                f"ledger {md.ledger_id} fragment {index} changed while it was copied")
+        new = list(ensemble)
+        for p, b in replaced.items():
+            new[p] = b
+        fragments[index] = (first, tuple(new))
+        try:
+            return await bk.meta.update_ledger(md.replace(ensembles=tuple(fragments)))
+        except MetadataVersionError:
+            md = await bk.meta.read_ledger(md.ledger_id)
+
+
+__all__ = ["RateLimiter", "ReplicationStats", "lost_positions", "needs_recovery_first",
+           "replicate_ledger"]
