@@ -34,6 +34,9 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
     [], ["standalone"], ["bookie"], ["bench"], ["bench", "write"], ["bench", "read"], ["shell"],
     ["shell", "listbookies"], ["shell", "listledgers"], ["shell", "ledgermetadata"],
     ["shell", "readledger"], ["shell", "simpletest"], ["shell", "bookieformat"],
+    ["shell", "listunderreplicated"], ["shell", "whoisauditor"], ["shell", "recover"],
+    ["shell", "decommission"], ["shell", "bookiesanity"], ["shell", "lastmark"],
+    ["autorecovery"],
 ])
 def test_help_everywhere(command: list[str]) -> None:
     r = run_cli(*command, "--help")
@@ -55,6 +58,12 @@ def test_help_everywhere(command: list[str]) -> None:
     (["bench", "write", "--ensemble", "5"], "needs at least that many --bookies"),
     (["bench", "write", "--write-quorum", "3", "--ack-quorum", "4"], "--ensemble >= --write"),
     (["nosuchcommand"], "invalid choice"),
+    (["autorecovery"], "--metadata-uri"),
+    (["autorecovery", "--metadata-uri", "etcd://127.0.0.1:1/x", "--rate", "-1"],
+     "must be >= 0"),
+    (["shell", "recover", "--metadata-uri", "etcd://127.0.0.1:1/x"], "BOOKIE"),
+    (["shell", "lastmark", "--ledger-dir", "/nonexistent", "--journal-dir", "/nonexistent"],
+     "is not a directory"),
     (["shell", "ledgermetadata", "--metadata-uri", "etcd://127.0.0.1:1/x", "12"],
      "cannot reach etcd"),
     (["bookie", "--metadata-uri", "etcd://127.0.0.1:1/x", "--port", "4000", "--journal-dir",
@@ -192,3 +201,66 @@ async def test_bench_duration_bounds_the_run(cluster: LocalCluster, tmp_path: Pa
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert 300 <= data["entries_done"] <= 700  # about 1 s at 500/s, not a million
+
+
+async def test_shell_admin_commands(tmp_path: Path) -> None:
+    async with LocalCluster(bookies=5, data_dir=tmp_path / "c") as cluster:
+        bk = await cluster.client()
+        uri = cluster.metadata_uri
+
+        async def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return await asyncio.to_thread(run_cli, "shell", *args, "--metadata-uri", uri,
+                                           timeout=120)
+
+        r = await cli("listbookies")
+        lines = r.stdout.splitlines()
+        assert len(lines) == 5 and all("writable" in ln and "free" in ln for ln in lines)
+        r = await cli("whoisauditor")
+        assert r.returncode == 1 and "no auditor" in r.stdout
+        assert "no under-replicated" in (await cli("listunderreplicated")).stdout
+        r = await cli("bookiesanity", cluster.bookies[0].id)
+        assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+
+        data = [b"e%d" % i for i in range(300)]
+        ledgers = []
+        for _ in range(3):
+            lh = await bk.create_ledger(3, 2, 2)
+            await asyncio.gather(*(lh.append(d) for d in data))
+            await lh.close()
+            ledgers.append(lh.id)
+        dead, leaving = cluster.bookies[0], cluster.bookies[1]
+        dead.kill()
+        await dead.wait()
+        r = await cli("recover", dead.id, "--dry-run")
+        assert r.returncode == 0 and "would copy" in r.stdout, r.stdout + r.stderr
+        on_dead = [lid for lid in ledgers
+                   if dead.id in (await bk.ledger_metadata(lid)).all_bookies()]
+        assert on_dead and f"{len(on_dead)} of {len(ledgers)} ledgers" in r.stdout
+        for lid in on_dead:  # a dry run changes nothing
+            assert dead.id in (await bk.ledger_metadata(lid)).all_bookies()
+        r = await cli("recover", dead.id)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "0 ledger(s) failed" in r.stdout
+        for lid in ledgers:
+            assert dead.id not in (await bk.ledger_metadata(lid)).all_bookies()
+
+        r = await cli("decommission", leaving.id)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "is read-only" in r.stdout and "deleted the cookie" in r.stdout
+        assert await bk.meta.read_cookie(leaving.id) is None
+        for lid in ledgers:
+            md = await bk.ledger_metadata(lid)
+            assert not md.all_bookies() & {dead.id, leaving.id}
+        await leaving.stop()
+        reader = await cluster.client()
+        for lid in ledgers:  # two of five bookies gone: everything still readable
+            rh = await reader.open_ledger(lid)
+            assert [e.data for e in await rh.read(0, 299)] == data
+
+        r = await asyncio.to_thread(run_cli, "shell", "lastmark", "--ledger-dir",
+                                    str(leaving.ledger_dir), "--journal-dir",
+                                    str(leaving.journal_dir))
+        assert r.returncode == 0 and "checkpoint mark: journal file" in r.stdout
+        r = await cli("decommission", dead.id)  # not running: one clear line
+        assert r.returncode == 1 and "not registered" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1

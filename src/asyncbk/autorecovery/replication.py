@@ -103,6 +103,7 @@ async def replicate_ledger(bk: BookKeeper, ledger_id: int, available: set[Bookie
     from ..client.digest import DigestManager, master_key
 
     md = await bk.meta.read_ledger(ledger_id)
+    unusable: set[BookieId] = set()  # registered but not answering (dead, lease not expired)
     digest = DigestManager(md.ledger_id, md.digest, md.password)
     key = master_key(md.password)
     done: list[str] = []
@@ -117,11 +118,12 @@ async def replicate_ledger(bk: BookKeeper, ledger_id: int, available: set[Bookie
             continue
         exclude = set(ensemble)
         choices = [b for b in writable if b not in exclude]
-        if len(choices) < len(lost):
+        new_bookies = await _pick_replacements(bk, len(lost), choices, unusable)
+        if len(new_bookies) < len(lost):
             raise NotEnoughBookiesError(
                 f"ledger {ledger_id} fragment at {first}: {len(lost)} replacement(s) needed, "
-                f"{len(choices)} writable bookie(s) outside the ensemble; start more bookies")
-        new_bookies = bk.placement.new_ensemble(len(lost), choices)
+                f"{len(new_bookies)} writable bookie(s) outside the ensemble answer; start "
+                "more bookies")
         replaced = dict(zip(lost, new_bookies, strict=True))
         count = sum(1 for e in range(first, last + 1)
                     if any((p - e) % md.ensemble_size < md.write_quorum for p in lost))
@@ -141,6 +143,34 @@ async def replicate_ledger(bk: BookKeeper, ledger_id: int, available: set[Bookie
     if done and not dry_run:
         stats.ledgers += 1
     return done
+
+
+PROBE_TIMEOUT_S = 3.0
+
+
+async def _pick_replacements(bk: BookKeeper, count: int, choices: list[BookieId],
+                             unusable: set[BookieId]) -> list[BookieId]:
+    """Up to ``count`` bookies from ``choices`` (placement order) that answer as writable.
+    A bookie can stay registered for a lease TTL after it died: it is asked first."""
+    from ..proto import BookieInfoRequest, BookieInfoResponse
+
+    candidates = [b for b in choices if b not in unusable]
+    order = bk.placement.new_ensemble(len(candidates), candidates) if candidates else []
+    picked: list[BookieId] = []
+    for bookie in order:
+        if len(picked) == count:
+            break
+        ch = bk.bookie_client.channel(bookie)
+        try:
+            resp = await ch.request(BookieInfoRequest(ch.next_request_id()), PROBE_TIMEOUT_S)
+        except BKError:
+            unusable.add(bookie)
+            continue
+        if isinstance(resp, BookieInfoResponse) and resp.state == "writable":
+            picked.append(bookie)
+        else:
+            unusable.add(bookie)
+    return picked
 
 
 async def _copy_fragment(bk: BookKeeper, md: LedgerMetadata, digest: object, key: bytes,

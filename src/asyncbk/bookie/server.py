@@ -91,9 +91,16 @@ class BookieServer:
                 log=self.log,
             )
             await self.listener.start(cfg.host, cfg.port)
+            info: dict[str, Any] = {"version": __version__}
+            if cfg.http_enabled:
+                self.http = AdminHttpServer(self, cfg.http_host, cfg.http_port,
+                                            self.http_extra_routes, self.http_extra_collectors)
+                port = await self.http.start()
+                info["http"] = f"http://{cfg.http_host}:{port}"
+                self.log.info("http admin listening", http_host=cfg.http_host, http_port=port)
             self.registration = Registration(
                 self.meta, self.bookie_id, cfg.lease_ttl_s,
-                info={"version": __version__},
+                info=info,
                 on_change=self._on_registration_change,
                 retry_s_max=cfg.register_retry_s_max,
                 log=self.log,
@@ -101,11 +108,6 @@ class BookieServer:
             self.registration.readonly = cfg.read_only
             await self.registration.start()
             self._disk_task = asyncio.get_running_loop().create_task(self._watch_disk())
-            if cfg.http_enabled:
-                self.http = AdminHttpServer(self, cfg.http_host, cfg.http_port,
-                                            self.http_extra_routes, self.http_extra_collectors)
-                port = await self.http.start()
-                self.log.info("http admin listening", http_host=cfg.http_host, http_port=port)
         except BaseException:
             await self._close_parts()
             raise

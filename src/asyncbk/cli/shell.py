@@ -43,6 +43,34 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
                    help="also delete the contents of these directories")
     p.add_argument("--force", action="store_true",
                    help="required: confirms that the identity (and data) may be destroyed")
+    command("listunderreplicated", "list ledgers marked under-replicated, with their lost "
+            "bookies")
+    command("whoisauditor", "print which auto-recovery process is the auditor")
+    p = command("recover", "re-replicate every fragment that has a replica on BOOKIE (dead "
+                "or alive) to other bookies, then drop BOOKIE from the ledgers' metadata")
+    p.add_argument("bookie_id", metavar="BOOKIE", help="host:port")
+    p.add_argument("--dry-run", action="store_true", help="only print what would be copied")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="entries copied per second (default 0: no limit)")
+    p.add_argument("--skip-open", action="store_true",
+                   help="leave open ledgers whose last fragment is on BOOKIE (default: fence "
+                   "and close them, then copy)")
+    p = command("decommission", "drain a live bookie for good: make it read-only, copy "
+                "everything it holds elsewhere, delete its cookie (then stop it)")
+    p.add_argument("bookie_id", metavar="BOOKIE", help="host:port")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="entries copied per second (default 0: no limit)")
+    p = command("bookiesanity", "write entries to one bookie and read them back")
+    p.add_argument("bookie_id", metavar="BOOKIE", help="host:port")
+    p.add_argument("--entries", type=int, default=10)
+    p = sub.add_parser("lastmark", help="print a bookie's checkpoint mark and journal files "
+                       "(offline: reads its directories)",
+                       description="Print the checkpoint of a bookie's ledger directory (the "
+                       "journal position replay starts from, the current entry log) and its "
+                       "journal files. Reads files only; the bookie may be running or not.")
+    p.add_argument("--ledger-dir", required=True)
+    p.add_argument("--journal-dir", required=True)
+    add_log_options(p)
 
 
 def _wipe(path: Path) -> bool:
@@ -67,6 +95,150 @@ def _md_json(md: Any) -> dict[str, Any]:
     }
 
 
+def _lastmark(args: argparse.Namespace) -> int:
+    from ..bookie.journal import list_journal_files
+    from ..bookie.storage import read_checkpoint
+    from .main import CliError
+
+    ledger_dir, journal_dir = Path(args.ledger_dir), Path(args.journal_dir)
+    for d in (ledger_dir, journal_dir):
+        if not d.is_dir():
+            raise CliError(f"{d} is not a directory")
+    cp = read_checkpoint(ledger_dir)
+    if cp is None:
+        print("no checkpoint yet: replay starts at the beginning of the journal")
+    else:
+        print(f"checkpoint mark: journal file {cp['journal_seq']:016x} offset "
+              f"{cp['journal_offset']}; entry log {cp['entry_log_id']} length "
+              f"{cp['entry_log_length']}; index length {cp['index_length']}; "
+              f"{len(cp['ledgers'])} ledgers")
+    files = list_journal_files(journal_dir)
+    print(f"{len(files)} journal file(s):")
+    for _, path in files:
+        print(f"  {path.name}\t{path.stat().st_size} bytes")
+    return 0
+
+
+def _progress(prefix: str) -> Callable[[int, int], None]:
+    import sys
+
+    last = [0.0]
+
+    def report(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - last[0] > 0.5:
+            last[0] = now
+            end = "\n" if done == total else ""
+            print(f"\r{prefix}: {done}/{total} entries copied", end=end, file=sys.stderr,
+                  flush=True)
+
+    return report
+
+
+async def _recover(bk: Any, bookie: str, rate: float, dry_run: bool, skip_open: bool) -> int:
+    """Copy every fragment on ``bookie`` elsewhere; returns the number of problems."""
+    from ..autorecovery.replication import (
+        RateLimiter,
+        ReplicationStats,
+        needs_recovery_first,
+        replicate_ledger,
+    )
+    from ..errors import BKError
+
+    view = await bk.meta.list_bookies()
+    available = set(view) - {bookie}
+    writable = sorted(b for b, reg in view.items() if not reg.readonly and b != bookie)
+    stats = ReplicationStats()
+    limiter = RateLimiter(rate)
+    problems = 0
+    ledgers = [lid async for lid in bk.list_ledgers()]
+    todo = []
+    for lid in ledgers:
+        md = await bk.ledger_metadata(lid)
+        if bookie in md.all_bookies():
+            todo.append(md)
+    print(f"{len(todo)} of {len(ledgers)} ledgers have a fragment on {bookie}")
+    for md in todo:
+        try:
+            if needs_recovery_first(md, available):
+                if skip_open:
+                    print(f"ledger {md.ledger_id}: open, last fragment on {bookie}: skipped")
+                    continue
+                if dry_run:
+                    print(f"ledger {md.ledger_id}: open, would be fenced and closed first")
+                else:
+                    await bk.open_ledger(md.ledger_id, password=md.password, recovery=True)
+                    print(f"ledger {md.ledger_id}: open: fenced and closed")
+            lines = await replicate_ledger(
+                bk, md.ledger_id, available, writable, limiter, stats,
+                progress=None if dry_run else _progress(f"ledger {md.ledger_id}"),
+                dry_run=dry_run)
+            for line in lines:
+                print(("would copy " if dry_run else "copied ") + line)
+        except BKError as exc:
+            problems += 1
+            print(f"ledger {md.ledger_id}: FAILED: {exc}")
+    if not dry_run:
+        print(f"done: {stats.fragments} fragments, {stats.entries} entries, {stats.bytes} bytes "
+              f"copied; {problems} ledger(s) failed")
+    return problems
+
+
+async def _bookie_info(bk: Any, bookie: str) -> str:
+    """Free disk and version of a bookie, asked over the protocol (BOOKIE_INFO)."""
+    from ..errors import BKError
+    from ..proto import BookieInfoRequest, BookieInfoResponse
+
+    ch = bk.bookie_client.channel(bookie)
+    try:
+        resp = await ch.request(BookieInfoRequest(ch.next_request_id()), 5.0)
+    except BKError as exc:
+        return f"(no answer: {exc})"
+    assert isinstance(resp, BookieInfoResponse)
+    free_gib = resp.free_bytes / 2**30
+    used = 1 - resp.free_bytes / resp.total_bytes if resp.total_bytes else 0.0
+    return f"free {free_gib:.1f} GiB ({used:.0%} used)\tversion {resp.version}"
+
+
+async def _bookie_admin(bk: Any, bookie: str) -> str:
+    from .main import CliError
+
+    view = await bk.meta.list_bookies()
+    reg = view.get(bookie)
+    if reg is None:
+        raise CliError(f"bookie {bookie} is not registered (it must be running)")
+    url = reg.info.get("http")
+    if not url:
+        raise CliError(f"bookie {bookie} serves no HTTP admin endpoint; start it with "
+                       "--http-port so it can be switched to read-only")
+    return str(url)
+
+
+async def _bookiesanity(bk: Any, bookie: str, entries: int) -> bool:
+    import os as _os
+
+    from ..proto import AddRequest, AddResponse, ReadRequest, ReadResponse, Status
+
+    ledger_id = await bk.meta.allocate_ledger_id()  # an id nobody else uses; no metadata
+    key = _os.urandom(20)
+    ch = bk.bookie_client.channel(bookie)
+    timeout = bk.config.add_timeout_s
+    for e in range(entries):
+        resp = await ch.request(AddRequest(ch.next_request_id(), ledger_id, e, key, 0, e - 1,
+                                           b"sanity-%d" % e), timeout)
+        assert isinstance(resp, AddResponse)
+        if resp.status != Status.OK:
+            print(f"add {e} answered {Status(resp.status).name}")
+            return False
+    for e in range(entries):
+        resp = await ch.request(ReadRequest(ch.next_request_id(), ledger_id, e, 0, b""), timeout)
+        assert isinstance(resp, ReadResponse)
+        if resp.status != Status.OK or resp.body != b"sanity-%d" % e:
+            print(f"read {e} answered {Status(resp.status).name}")
+            return False
+    return True
+
+
 def run_shell(args: argparse.Namespace, run: Callable[..., int],
               configure_logging: Callable[..., None]) -> int:
     from ..client.client import BookKeeper
@@ -75,6 +247,8 @@ def run_shell(args: argparse.Namespace, run: Callable[..., int],
     if args.shell_command is None:
         raise CliError("choose a command: asyncbk shell --help")
     configure_logging(args, "warning")
+    if args.shell_command == "lastmark":
+        return _lastmark(args)
 
     async def go() -> int:
         async with await BookKeeper.connect(args.metadata_uri) as bk:
@@ -83,8 +257,9 @@ def run_shell(args: argparse.Namespace, run: Callable[..., int],
                 view = await bk.meta.list_bookies()
                 if not view:
                     print("no bookies registered")
-                for bid in sorted(view):
-                    print(f"{bid}\t{'readonly' if view[bid].readonly else 'writable'}")
+                infos = await asyncio.gather(*(_bookie_info(bk, b) for b in sorted(view)))
+                for bid, info in zip(sorted(view), infos, strict=True):
+                    print(f"{bid}\t{'readonly' if view[bid].readonly else 'writable'}\t{info}")
             elif cmd == "listledgers":
                 async for lid in bk.list_ledgers():
                     if args.meta:
@@ -120,6 +295,40 @@ def run_shell(args: argparse.Namespace, run: Callable[..., int],
                 await bk.delete_ledger(lh.id)
                 print(f"ledger {lh.id}: wrote and read back {len(entries)} entries "
                       f"in {time.perf_counter() - t0:.3f}s: {'OK' if ok else 'MISMATCH'}")
+                return 0 if ok else 1
+            elif cmd == "listunderreplicated":
+                marks = await bk.meta.list_underreplicated()
+                if not marks:
+                    print("no under-replicated ledgers")
+                now_ms = time.time() * 1000
+                for m in marks:
+                    print(f"{m.ledger_id}\tlost {','.join(sorted(m.bookies))}\t"
+                          f"marked {(now_ms - m.marked_ms) / 1000:.0f}s ago")
+            elif cmd == "whoisauditor":
+                holder = await bk.meta.lock_holder("auditor")
+                print(holder if holder else "no auditor (no auto-recovery process is running)")
+                return 0 if holder else 1
+            elif cmd == "recover":
+                return 1 if await _recover(bk, args.bookie_id, args.rate, args.dry_run,
+                                           args.skip_open) else 0
+            elif cmd == "decommission":
+                import aiohttp
+
+                url = await _bookie_admin(bk, args.bookie_id)
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s, \
+                        s.put(f"{url}/api/v1/bookie/state", json={"read_only": True}) as r:
+                    if r.status != 200:
+                        raise CliError(f"could not make {args.bookie_id} read-only: "
+                                       f"{r.status} {await r.text()}")
+                print(f"{args.bookie_id} is read-only")
+                if await _recover(bk, args.bookie_id, args.rate, False, False):
+                    raise CliError("some ledgers could not be copied; run decommission again")
+                await bk.meta.delete_cookie(args.bookie_id)
+                print(f"deleted the cookie of {args.bookie_id}; stop it now (it holds nothing "
+                      "the cluster needs)")
+            elif cmd == "bookiesanity":
+                ok = await _bookiesanity(bk, args.bookie_id, args.entries)
+                print(f"{args.bookie_id}: {'OK' if ok else 'FAILED'}")
                 return 0 if ok else 1
             elif cmd == "bookieformat":
                 if not args.force:
