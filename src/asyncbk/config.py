@@ -52,6 +52,16 @@ class BookieConfig:
     it, so a checkpoint never has to flush much at once (0: only at checkpoints)."""
     checkpoint_interval_s: float = 10.0
 
+    # garbage collection and compaction (see asyncbk.bookie.gc)
+    gc_interval_s: float = 60.0
+    gc_drop_ledgers_not_in_ensemble: bool = True
+    minor_compaction_threshold: float = 0.2
+    minor_compaction_interval_s: float = 3600.0
+    major_compaction_threshold: float = 0.8
+    major_compaction_interval_s: float = 86400.0
+    compaction_rate_bytes_per_s: float = 16 * 1024 * 1024
+    """Bytes of entry logs read per second by compaction (0: no limit)."""
+
     # registration
     lease_ttl_s: int = 10
     register_retry_s_max: float = 5.0
@@ -84,6 +94,15 @@ class BookieConfig:
                         "register_retry_s_max", "connection_write_buffer_bytes_high")
         if self.journal_group_wait_ms_max < 0:
             raise ConfigError("journal_group_wait_ms_max must be >= 0")
+        for name in ("minor_compaction_threshold", "major_compaction_threshold"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"{name} must be in 0..1")
+        for name in ("gc_interval_s", "minor_compaction_interval_s",
+                     "major_compaction_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0")
+        if self.compaction_rate_bytes_per_s < 0:
+            raise ConfigError("compaction_rate_bytes_per_s must be >= 0")
         if self.entry_log_flush_bytes < 0:
             raise ConfigError("entry_log_flush_bytes must be >= 0")
         if self.entry_log_bytes_max >= 1 << 32:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from asyncbk.bookie import journal_format as jf
 from asyncbk.bookie.journal_format import (
     AddRecord,
+    DeleteLedgerRecord,
     ExplicitLacRecord,
     FenceRecord,
     LedgerKeyRecord,
@@ -24,6 +25,7 @@ records_st = st.one_of(
     st.builds(AddRecord, any_id, any_id, st.binary(max_size=200)),
     st.builds(LedgerKeyRecord, any_id, st.binary(max_size=40)),
     st.builds(FenceRecord, any_id),
+    st.builds(DeleteLedgerRecord, any_id),
     st.builds(ExplicitLacRecord, any_id, st.integers(min_value=-1, max_value=2**63 - 1)),
 )
 

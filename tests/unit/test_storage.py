@@ -785,3 +785,80 @@ def test_ledger_index_absorbs_sparse_entries_as_the_dense_range_grows() -> None:
     assert index.get(far) == (1, 2, 3) and index.get(far + 7) == (1, 9, 3)
     assert index.get(far + 1) is None and index.get(far - 1) == (0, far - 1, 10)
     assert not index._sparse  # both now live in the arrays
+
+
+def _entrylog_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / "ledgers" / ENTRYLOG_DIR).iterdir())
+
+
+async def test_deleted_ledger_stays_deleted_after_a_crash(tmp_path: Path) -> None:
+    s = await open_storage(tmp_path)
+    await add_all(s, 1, range(20))
+    await add_all(s, 2, range(20))
+    await s.checkpoint()  # ledger 1 is in the checkpoint
+    await s.delete_ledger(1)
+    with pytest.raises(NoSuchLedgerError):
+        await s.read_entry(1, 0)
+    assert s.ledger(1) is None and 1 not in s.ledger_ids()
+    await s.abort()  # crash: only the journal knows of the deletion
+    s = await open_storage(tmp_path)
+    try:
+        assert sorted(s.ledger_ids()) == [2]
+        with pytest.raises(NoSuchLedgerError):
+            await s.read_entries(1, 0, 10, 1 << 20)
+        assert await s.read_entries(2, 0, 100, 1 << 20) == [body(2, e) for e in range(20)]
+        await s.checkpoint()  # and once the journal is gone, the checkpoint knows
+    finally:
+        await s.close()
+    s = await open_storage(tmp_path)
+    try:
+        assert sorted(s.ledger_ids()) == [2]
+    finally:
+        await s.close()
+
+
+async def test_compaction_reclaims_space_while_adds_and_reads_go_on(tmp_path: Path) -> None:
+    s = await open_storage(tmp_path, entry_log_bytes_max=20_000)
+    try:
+        for e in range(150):  # four ledgers interleaved over many small entry logs
+            await asyncio.gather(*(s.add_entry(lid, e, KEY, body(lid, e)) for lid in (1, 2, 3, 4)))
+        await s.checkpoint()
+        for lid in (1, 2, 3):
+            await s.delete_ledger(lid)
+        usage = s.entry_log_usage()
+        assert len(usage) >= 3
+        assert all(live < total / 2 for live, total in usage.values())
+        before = _entrylog_bytes(tmp_path)
+
+        async def writer() -> None:
+            for e in range(300):
+                await s.add_entry(5, e, KEY, body(5, e))
+
+        async def reader() -> None:
+            for _ in range(20):
+                assert await s.read_entries(4, 0, 150, 1 << 30) == [body(4, e) for e in range(150)]
+                await asyncio.sleep(0)
+
+        freed = 0
+        writing = asyncio.gather(writer(), reader())
+        for log_id in sorted(usage):
+            freed += await s.compact_entry_log(log_id)
+        await writing
+        after = _entrylog_bytes(tmp_path)
+        compacted = sum(total for _, total in usage.values())
+        assert freed >= 0.6 * compacted, (freed, compacted)  # about 3/4 of it was dead
+        written = sum(len(body(5, e)) + 29 for e in range(300))  # ledger 5, meanwhile
+        assert after <= before - freed + written, (before, after, freed, written)
+        assert not set(usage) & set(s.entry_log_usage())  # those logs are gone
+        for lid, n in ((4, 150), (5, 300)):
+            assert await s.read_entries(lid, 0, 1000, 1 << 30) == [body(lid, e) for e in range(n)]
+        assert s.statistics()["compactions"] == len(usage)
+        with pytest.raises(BadRequestError):
+            await s.compact_entry_log(s.statistics()["entry_log_id"])
+        await s.abort()  # crash right after: the moved entries were made durable
+        s = await open_storage(tmp_path, entry_log_bytes_max=20_000)
+        assert sorted(s.ledger_ids()) == [4, 5]
+        for lid, n in ((4, 150), (5, 300)):
+            assert await s.read_entries(lid, 0, 1000, 1 << 30) == [body(lid, e) for e in range(n)]
+    finally:
+        await s.close()

@@ -118,6 +118,12 @@ class BookieCollector:
                           st["entry_log_flushes"])
             yield counter("journal_files_deleted", "journal files removed after checkpoints",
                           st["journal_files_deleted"])
+            yield counter("ledgers_deleted", "ledgers garbage collected", st["ledgers_deleted"])
+            yield counter("compactions", "entry logs compacted", st["compactions"])
+            yield counter("compaction_freed_bytes", "entry log bytes reclaimed by compaction",
+                          st["compacted_bytes"] - st["compaction_moved_bytes"])
+            yield counter("compaction_moved_bytes", "live bytes moved by compaction",
+                          st["compaction_moved_bytes"])
             yield gauge("journal_queue_entries", "records waiting for or in a journal write",
                         j["queue_entries"])
             yield counter("journal_records", "records journaled", j["records"])
@@ -157,6 +163,8 @@ class AdminHttpServer:
             web.get("/api/v1/bookie/info", self.info),
             web.get("/api/v1/bookie/state", self.get_state),
             web.put("/api/v1/bookie/state", self.put_state),
+            web.put("/api/v1/bookie/gc", self.run_gc),
+            web.get("/api/v1/bookie/gc", self.gc_status),
             *extra_routes,
         ])
         self._runner = web.AppRunner(app, access_log=None)
@@ -226,6 +234,25 @@ class AdminHttpServer:
         except BKError as exc:
             return _error(503, f"could not switch: {exc}")
         return web.json_response(self._state_doc())
+
+
+    async def gc_status(self, request: web.Request) -> web.Response:
+        gc = self.bookie.gc
+        if gc is None:
+            return _error(409, "garbage collection is not running yet")
+        return web.json_response(gc.statistics())
+
+    async def run_gc(self, request: web.Request) -> web.Response:
+        """Run a garbage collection round now, compacting every log below the major
+        threshold (as BookKeeper's forced GC)."""
+        gc = self.bookie.gc
+        if gc is None:
+            return _error(409, "garbage collection is not running yet")
+        try:
+            done = await gc.run_once(force_compaction=True)
+        except BKError as exc:
+            return _error(503, f"garbage collection failed: {exc}")
+        return web.json_response({**done, **gc.statistics()})
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -91,6 +91,7 @@ TYPE_ADD: Final = 1
 TYPE_LEDGER_KEY: Final = 2
 TYPE_FENCE: Final = 3
 TYPE_EXPLICIT_LAC: Final = 4
+TYPE_DELETE_LEDGER: Final = 5
 
 _HEAD = struct.Struct("<IQ")  # length, checksum
 HEADER_BYTES: Final = _HEAD.size + 1  # + type byte = 13
@@ -133,7 +134,14 @@ class ExplicitLacRecord:
     lac: int
 
 
-Record = AddRecord | LedgerKeyRecord | FenceRecord | ExplicitLacRecord
+@dataclass(frozen=True, slots=True)
+class DeleteLedgerRecord:
+    """The ledger was deleted (garbage collected) on this bookie: forget it."""
+
+    ledger_id: int
+
+
+Record = AddRecord | LedgerKeyRecord | FenceRecord | ExplicitLacRecord | DeleteLedgerRecord
 
 
 # --- file names -------------------------------------------------------------
@@ -198,6 +206,11 @@ def encode_explicit_lac(ledger_id: int, lac: int) -> bytes:
     return _frame(_LAC_TAIL.pack(TYPE_EXPLICIT_LAC, ledger_id, lac))
 
 
+def encode_delete_ledger(ledger_id: int) -> bytes:
+    _check_id("ledger_id", ledger_id)
+    return _frame(_FENCE_TAIL.pack(TYPE_DELETE_LEDGER, ledger_id))
+
+
 def encode_record(record: Record) -> bytes:
     """Encode any record (convenience for tests and tools)."""
     if isinstance(record, AddRecord):
@@ -206,6 +219,8 @@ def encode_record(record: Record) -> bytes:
         return encode_ledger_key(record.ledger_id, record.master_key)
     if isinstance(record, FenceRecord):
         return encode_fence(record.ledger_id)
+    if isinstance(record, DeleteLedgerRecord):
+        return encode_delete_ledger(record.ledger_id)
     return encode_explicit_lac(record.ledger_id, record.lac)
 
 
@@ -234,6 +249,11 @@ def _parse(kind: int, payload: memoryview) -> Record | None:
             return None
         (ledger_id,) = _Q.unpack_from(payload)
         return None if ledger_id < 0 else FenceRecord(ledger_id)
+    if kind == TYPE_DELETE_LEDGER:
+        if n != 8:
+            return None
+        (ledger_id,) = _Q.unpack_from(payload)
+        return None if ledger_id < 0 else DeleteLedgerRecord(ledger_id)
     if kind == TYPE_EXPLICIT_LAC:
         if n != 16:
             return None

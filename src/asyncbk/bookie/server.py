@@ -27,6 +27,7 @@ from ..meta.api import MetadataStore
 from ..meta.uri import open_metadata_store, parse_metadata_uri
 from ..net.server import BookieListener
 from .cookie import DirectoryLock, check_or_format
+from .gc import GarbageCollector
 from .http import AdminHttpServer
 from .processor import BookieState, RequestProcessor
 from .registration import Registration
@@ -68,6 +69,8 @@ class BookieServer:
         self.read_only_manual = False
         self.journal_failed = False
         self.http: AdminHttpServer | None = None
+        self.gc: GarbageCollector | None = None
+        self._gc_task: asyncio.Task[None] | None = None
         self.http_extra_routes: list[Any] = []
         self.http_extra_collectors: list[Any] = []
 
@@ -108,6 +111,10 @@ class BookieServer:
             self.registration.readonly = cfg.read_only
             await self.registration.start()
             self._disk_task = asyncio.get_running_loop().create_task(self._watch_disk())
+            registration = self.registration
+            self.gc = GarbageCollector(self.storage, self.meta, self.bookie_id, cfg,
+                                       lambda: registration.lease_id, self.log)
+            self._gc_task = asyncio.get_running_loop().create_task(self.gc.run_forever())
         except BaseException:
             await self._close_parts()
             raise
@@ -206,6 +213,10 @@ class BookieServer:
         if self.http is not None:
             await self.http.close()
             self.http = None
+        if self._gc_task is not None:
+            self._gc_task.cancel()
+            await asyncio.gather(self._gc_task, return_exceptions=True)
+            self._gc_task = None
         if self._disk_task is not None:
             self._disk_task.cancel()
             await asyncio.wait([self._disk_task])

@@ -66,7 +66,7 @@ import struct
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,16 +85,19 @@ from .journal import Journal, fsync_dir, list_journal_files, write_all
 from .journal_format import (
     ADD_RECORD_OVERHEAD_BYTES,
     TYPE_ADD,
+    TYPE_DELETE_LEDGER,
     TYPE_EXPLICIT_LAC,
     TYPE_FENCE,
     TYPE_LEDGER_KEY,
     AddRecord,
+    DeleteLedgerRecord,
     ExplicitLacRecord,
     FenceRecord,
     LedgerKeyRecord,
     Record,
     decode_one,
     encode_add,
+    encode_delete_ledger,
     encode_explicit_lac,
     encode_fence,
     encode_ledger_key,
@@ -156,7 +159,22 @@ class LedgerIndex:
     def __len__(self) -> int:
         return self.count
 
-    def put(self, entry_id: int, loc: Location) -> None:
+    def locations(self) -> Iterator[Location]:
+        """Every stored entry's location (any order)."""
+        positions, lengths = self._positions, self._lengths
+        for i, n in enumerate(lengths):
+            if n:
+                pos = positions[i]
+                yield pos >> 32, pos & 0xFFFFFFFF, n
+        yield from self._sparse.values()
+
+    def put(self, entry_id: int, loc: Location) -> Location | None:
+        """Store ``loc`` for ``entry_id``; returns the location it replaces, if any."""
+        old = self.get(entry_id)
+        self._put(entry_id, loc)
+        return old
+
+    def _put(self, entry_id: int, loc: Location) -> None:
         log_id, offset, length = loc
         dense = len(self._lengths)
         if entry_id > dense + INDEX_GAP_MAX:
@@ -189,7 +207,7 @@ class LedgerIndex:
         for entry_id in sorted(e for e in self._sparse if e <= limit):
             loc = self._sparse.pop(entry_id)
             self.count -= 1
-            self.put(entry_id, loc)
+            self._put(entry_id, loc)
 
 
 @dataclass(slots=True)
@@ -250,6 +268,9 @@ def _apply_op(durable: dict[int, _DurableLedger], kind: int, ledger_id: int, val
     if kind == TYPE_LEDGER_KEY:
         if ledger_id not in durable:
             durable[ledger_id] = _DurableLedger(bytes(value))
+        return
+    if kind == TYPE_DELETE_LEDGER:
+        durable.pop(ledger_id, None)
         return
     d = durable.get(ledger_id)
     if d is None:  # cannot happen (LEDGER_KEY is journaled first); keep the op anyway
@@ -386,6 +407,7 @@ class _EntryLogReader:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._fds: dict[int, int] = {}
+        self._retired: list[int] = []
         self._lock = threading.Lock()
         self._closed = False
 
@@ -415,6 +437,16 @@ class _EntryLogReader:
                 or record.entry_id != entry_id):
             raise BookieIOError(f"index points entry {ledger_id}/{entry_id} at another record")
         return record.body
+
+    def forget(self, log_id: int) -> None:
+        """Retire the descriptor of a log about to be deleted (compaction).  It stays
+        open until the next retirement, so a read already holding it still works (an
+        unlinked file stays readable through an open descriptor)."""
+        with self._lock:
+            fd = self._fds.pop(log_id, None)
+            old, self._retired = self._retired, [fd] if fd is not None else []
+        for each in old:
+            os.close(each)
 
     def read_run(self, locs: Sequence[Location], ledger_id: int, first: int) -> list[bytes]:
         """The bodies of entries ``first, first + 1, ...`` at ``locs``.  Records that
@@ -453,7 +485,8 @@ class _EntryLogReader:
         with self._lock:
             self._closed = True
             fds, self._fds = self._fds, {}
-        for fd in fds.values():
+            retired, self._retired = self._retired, []
+        for fd in [*fds.values(), *retired]:
             os.close(fd)
 
 
@@ -545,6 +578,8 @@ def _apply_replayed(durable: dict[int, _DurableLedger], record: Record) -> None:
         _apply_op(durable, TYPE_FENCE, record.ledger_id, None)
     elif isinstance(record, ExplicitLacRecord):
         _apply_op(durable, TYPE_EXPLICIT_LAC, record.ledger_id, record.lac)
+    elif isinstance(record, DeleteLedgerRecord):
+        _apply_op(durable, TYPE_DELETE_LEDGER, record.ledger_id, None)
 
 
 def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any) -> _Recovered:
@@ -645,10 +680,10 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
             fsync_dir(journal_dir)
 
         ledgers: dict[int, LedgerInfo] = {}
-        for ledger_id in index:
-            if ledger_id not in durable:
-                log.warning("entries of a ledger with no stored key", ledger_id=ledger_id)
-                durable[ledger_id] = _DurableLedger(b"")
+        deleted = [ledger_id for ledger_id in index if ledger_id not in durable]
+        for ledger_id in deleted:  # garbage collected: its index records are stale
+            del index[ledger_id]
+        stats["deleted_ledgers_dropped"] = len(deleted)
         for ledger_id, d in durable.items():
             entries = index.setdefault(ledger_id, LedgerIndex())
             ledgers[ledger_id] = LedgerInfo(
@@ -660,6 +695,45 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
         raise
     stats["recovery_s"] = time.perf_counter() - t0
     return _Recovered(writer, durable, ledgers, index, next_seq, stats)
+
+
+COMPACTION_CHUNK_BYTES = 4 * 1024 * 1024
+COMPACTION_READ_GRACE_S = 0.5
+"""After moving a log's entries, how long reads that already looked up the old place get."""
+
+
+class _Pacer:
+    """Sleeps so that ``advance``d bytes do not run ahead of ``rate`` bytes a second."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.done = 0
+        self.t0 = time.monotonic()
+
+    async def advance(self, nbytes: int) -> None:
+        self.done += nbytes
+        if self.rate > 0:
+            ahead_s = self.done / self.rate - (time.monotonic() - self.t0)
+            if ahead_s > 0:
+                await asyncio.sleep(ahead_s)
+
+
+def _pread_path(path: Path, length: int, offset: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+    # a record longer than the chunk: read exactly as much as it needs
+    need = record_size_at(data, 0)
+    if need is not None and need > len(data):
+        return _pread_path(path, need, offset)
+    return data
+
+
+def _unlink_quietly(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    fsync_dir(path.parent)
 
 
 def _sync_and_close(fds: list[int]) -> None:
@@ -720,6 +794,15 @@ class LedgerStorage:
         self._reads = 0
         self._fences = 0
         self._checkpoints = 0
+        self._ledgers_deleted = 0
+        self._compactions = 0
+        self._compacted_bytes = 0
+        self._compaction_moved_bytes = 0
+        self._log_live: dict[int, int] = {}
+        """Live (indexed) bytes of each entry log, kept as entries come and go."""
+        for entries in self._index.values():
+            for log_id, _, length in entries.locations():
+                self._log_live[log_id] = self._log_live.get(log_id, 0) + length
         self._checkpoints_skipped = 0
         self._checkpoint_s_last = 0.0
         self._checkpoint_s_max = 0.0
@@ -958,14 +1041,137 @@ class LedgerStorage:
                 self._unflushed_bytes = 0
                 self._flush_task = asyncio.get_running_loop().create_task(
                     self._flush_entry_logs(), name="asyncbk-entrylog-flush")
+        live = self._log_live
         for ledger_id, entry_id, loc in result:
+            info = ledgers.get(ledger_id)
+            if info is None:
+                continue  # deleted while its add was being written: the copy is garbage
             entries = index.get(ledger_id)
             if entries is None:
                 entries = index[ledger_id] = LedgerIndex()
-            entries.put(entry_id, loc)
-            info = ledgers.get(ledger_id)
-            if info is not None and entry_id > info.last_entry_id:
+            old = entries.put(entry_id, loc)
+            live[loc[0]] = live.get(loc[0], 0) + loc[2]
+            if old is not None:
+                live[old[0]] -= old[2]
+            if entry_id > info.last_entry_id:
                 info.last_entry_id = entry_id
+
+    # --- deletion and compaction ----------------------------------------------
+
+    def delete_ledger(self, ledger_id: int) -> asyncio.Future[None]:
+        """Forget a ledger (garbage collection): unreadable at once, its deletion
+        journaled; its space is reclaimed when its entry logs are compacted."""
+        self._check_open()
+        info = self._ledgers.pop(ledger_id, None)
+        entries = self._index.pop(ledger_id, None)
+        if info is None:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            return fut
+        live = self._log_live
+        for log_id, _, length in entries.locations() if entries is not None else ():
+            live[log_id] -= length
+        self._ledgers_deleted += 1
+        return self._journal.append(encode_delete_ledger(ledger_id),
+                                    (TYPE_DELETE_LEDGER, ledger_id, None))
+
+    def entry_log_usage(self) -> dict[int, tuple[int, int]]:
+        """``{log id: (live bytes, file bytes)}`` of every finished entry log (not the
+        one being written)."""
+        current = self._writer.log_id
+        out: dict[int, tuple[int, int]] = {}
+        for entry in os.scandir(self._ledger_dir / ENTRYLOG_DIR):
+            log_id = _parse_entry_log_name(entry.name)
+            if log_id is None or log_id >= current:
+                continue
+            out[log_id] = (max(0, self._log_live.get(log_id, 0)), entry.stat().st_size)
+        return out
+
+    async def compact_entry_log(self, log_id: int, rate_bytes_per_s: float = 0.0) -> int:
+        """:meth:`compact_entry_logs` of one log."""
+        return await self.compact_entry_logs([log_id], rate_bytes_per_s)
+
+    async def compact_entry_logs(self, log_ids: Sequence[int],
+                                 rate_bytes_per_s: float = 0.0) -> int:
+        """Move the live entries of finished entry logs to the current one, make the
+        move durable (one checkpoint), then delete those logs; returns the bytes freed.
+        Adds and reads go on meanwhile; ``rate_bytes_per_s`` paces the reading."""
+        current = self._writer.log_id
+        for log_id in log_ids:
+            if log_id >= current:
+                raise BadRequestError(f"entry log {log_id} is still being written")
+        loop = asyncio.get_running_loop()
+        sizes: dict[int, int] = {}
+        moved = 0
+        pacer = _Pacer(rate_bytes_per_s)
+        for log_id in log_ids:
+            path = self._ledger_dir / ENTRYLOG_DIR / entry_log_name(log_id)
+            sizes[log_id] = (await loop.run_in_executor(self._read_pool, os.stat, path)).st_size
+            moved += await self._move_live_entries(log_id, path, sizes[log_id], pacer)
+        if not log_ids:
+            return 0
+        await self.checkpoint()  # the moved copies are durable before the old logs go
+        await asyncio.sleep(COMPACTION_READ_GRACE_S)  # reads that looked the old place up
+        for log_id in log_ids:
+            path = self._ledger_dir / ENTRYLOG_DIR / entry_log_name(log_id)
+            await loop.run_in_executor(self._read_pool, self._reader.forget, log_id)
+            await loop.run_in_executor(self._read_pool, _unlink_quietly, path)
+            self._log_live.pop(log_id, None)
+        total = sum(sizes.values())
+        self._compactions += len(log_ids)
+        self._compacted_bytes += total
+        self._compaction_moved_bytes += moved
+        self._log.info("entry logs compacted", entry_logs=list(log_ids),
+                       bytes_freed=total - moved, bytes_moved=moved)
+        return total - moved
+
+    async def _move_live_entries(self, log_id: int, path: Path, size: int,
+                                 pacer: _Pacer) -> int:
+        loop = asyncio.get_running_loop()
+        offset = 0
+        moved = 0
+        while offset < size:
+            data = await loop.run_in_executor(self._read_pool, _pread_path, path,
+                                              COMPACTION_CHUNK_BYTES, offset)
+            if not data:
+                break
+            pairs, good = scan_records(data)
+            if not pairs:
+                raise BookieIOError(f"entry log {log_id} is corrupt at {offset}")
+            raws: list[bytes] = []
+            items: list[tuple[int, int, Any]] = []
+            olds: list[Location] = []
+            view = memoryview(data)
+            for i, (off, record) in enumerate(pairs):
+                end = pairs[i + 1][0] if i + 1 < len(pairs) else good
+                if not isinstance(record, AddRecord):
+                    continue
+                loc = (log_id, offset + off, end - off)
+                entries = self._index.get(record.ledger_id)
+                if entries is None or entries.get(record.entry_id) != loc:
+                    continue  # deleted, or overwritten since: garbage
+                raws.append(bytes(view[off:end]))
+                items.append((TYPE_ADD, record.ledger_id, record.entry_id))
+                olds.append(loc)
+            del view
+            if raws:
+                result = await self._journal.run_in_writer(self._writer.append, raws, items)
+                self._relocate(olds, result)
+                moved += sum(len(r) for r in raws)
+            offset += good
+            await pacer.advance(good)
+        return moved
+
+    def _relocate(self, olds: list[Location], result: list[tuple[int, int, Location]]) -> None:
+        """Point moved entries at their new place, unless they changed meanwhile."""
+        live = self._log_live
+        for old, (ledger_id, entry_id, new) in zip(olds, result, strict=True):
+            entries = self._index.get(ledger_id)
+            if entries is None or entries.get(entry_id) != old:
+                continue  # deleted or overwritten while being moved: the copy is garbage
+            entries.put(entry_id, new)
+            live[new[0]] = live.get(new[0], 0) + new[2]
+            live[old[0]] -= old[2]
 
     async def _flush_entry_logs(self) -> None:
         """Write back what was added to the entry logs so far (off the writer thread),
@@ -1128,6 +1334,10 @@ class LedgerStorage:
             "checkpoint_s_max": self._checkpoint_s_max,
             "journal_files_deleted": self._journal_files_deleted,
             "entry_log_flushes": self._entry_log_flushes,
+            "ledgers_deleted": self._ledgers_deleted,
+            "compactions": self._compactions,
+            "compacted_bytes": self._compacted_bytes,
+            "compaction_moved_bytes": self._compaction_moved_bytes,
             "entry_log_id": self._writer.log_id,
             "entry_log_bytes": self._writer.length,
             "index_bytes": self._writer.index_length,
