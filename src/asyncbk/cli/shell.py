@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -135,15 +136,45 @@ def _progress(prefix: str) -> Callable[[int, int], None]:
     return report
 
 
+LOCK_LEASE_TTL_S = 30
+
+
+async def _keep_lease(bk: Any, lease_id: int) -> None:
+    while True:
+        await asyncio.sleep(LOCK_LEASE_TTL_S / 3)
+        await bk.meta.keepalive_lease(lease_id)
+
+
+async def _recover_one(bk: Any, md: Any, bookie: str, available: set[str], writable: list[str],
+                       limiter: Any, stats: Any, dry_run: bool, skip_open: bool) -> bool:
+    from ..autorecovery.replication import needs_recovery_first, replicate_ledger
+    from ..errors import BKError
+
+    try:
+        if needs_recovery_first(md, available):
+            if skip_open:
+                print(f"ledger {md.ledger_id}: open, last fragment on {bookie}: skipped")
+                return True
+            if dry_run:
+                print(f"ledger {md.ledger_id}: open, would be fenced and closed first")
+            else:
+                await bk.open_ledger(md.ledger_id, password=md.password, recovery=True)
+                print(f"ledger {md.ledger_id}: open: fenced and closed")
+        lines = await replicate_ledger(
+            bk, md.ledger_id, available, writable, limiter, stats,
+            progress=None if dry_run else _progress(f"ledger {md.ledger_id}"), dry_run=dry_run)
+        for line in lines:
+            print(("would copy " if dry_run else "copied ") + line)
+        return True
+    except BKError as exc:
+        print(f"ledger {md.ledger_id}: FAILED: {exc}")
+        return False
+
+
 async def _recover(bk: Any, bookie: str, rate: float, dry_run: bool, skip_open: bool) -> int:
     """Copy every fragment on ``bookie`` elsewhere; returns the number of problems."""
-    from ..autorecovery.replication import (
-        RateLimiter,
-        ReplicationStats,
-        needs_recovery_first,
-        replicate_ledger,
-    )
-    from ..errors import BKError
+    from ..autorecovery.replication import RateLimiter, ReplicationStats
+    from ..autorecovery.service import ledger_lock
 
     view = await bk.meta.list_bookies()
     available = set(view) - {bookie}
@@ -158,26 +189,30 @@ async def _recover(bk: Any, bookie: str, rate: float, dry_run: bool, skip_open: 
         if bookie in md.all_bookies():
             todo.append(md)
     print(f"{len(todo)} of {len(ledgers)} ledgers have a fragment on {bookie}")
-    for md in todo:
-        try:
-            if needs_recovery_first(md, available):
-                if skip_open:
-                    print(f"ledger {md.ledger_id}: open, last fragment on {bookie}: skipped")
+    lease_id = await bk.meta.grant_lease(LOCK_LEASE_TTL_S) if todo and not dry_run else None
+    keeper = asyncio.create_task(_keep_lease(bk, lease_id)) if lease_id is not None else None
+    owner = f"shell-recover-{os.getpid()}"
+    try:
+        for md in todo:
+            lock = ledger_lock(md.ledger_id)
+            if lease_id is not None:
+                holder = await bk.meta.acquire_lock(lock, owner, lease_id)
+                if holder != owner:  # an auto-recovery worker (or GC) is on it
+                    problems += 1
+                    print(f"ledger {md.ledger_id}: busy ({holder} holds it); run again later")
                     continue
-                if dry_run:
-                    print(f"ledger {md.ledger_id}: open, would be fenced and closed first")
-                else:
-                    await bk.open_ledger(md.ledger_id, password=md.password, recovery=True)
-                    print(f"ledger {md.ledger_id}: open: fenced and closed")
-            lines = await replicate_ledger(
-                bk, md.ledger_id, available, writable, limiter, stats,
-                progress=None if dry_run else _progress(f"ledger {md.ledger_id}"),
-                dry_run=dry_run)
-            for line in lines:
-                print(("would copy " if dry_run else "copied ") + line)
-        except BKError as exc:
-            problems += 1
-            print(f"ledger {md.ledger_id}: FAILED: {exc}")
+            try:
+                problems += not await _recover_one(bk, md, bookie, available, writable,
+                                                   limiter, stats, dry_run, skip_open)
+            finally:
+                if lease_id is not None:
+                    await bk.meta.release_lock(lock, owner)
+    finally:
+        if keeper is not None:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+        if lease_id is not None:
+            await bk.meta.revoke_lease(lease_id)
     if not dry_run:
         print(f"done: {stats.fragments} fragments, {stats.entries} entries, {stats.bytes} bytes "
               f"copied; {problems} ledger(s) failed")
