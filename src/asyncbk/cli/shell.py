@@ -350,11 +350,17 @@ def run_shell(args: argparse.Namespace, run: Callable[..., int],
                 import aiohttp
 
                 url = await _bookie_admin(bk, args.bookie_id)
-                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s, \
-                        s.put(f"{url}/api/v1/bookie/state", json={"read_only": True}) as r:
-                    if r.status != 200:
-                        raise CliError(f"could not make {args.bookie_id} read-only: "
-                                       f"{r.status} {await r.text()}")
+                try:
+                    async with aiohttp.ClientSession(
+                            timeout=aiohttp.ClientTimeout(total=10)) as s, \
+                            s.put(f"{url}/api/v1/bookie/state", json={"read_only": True}) as r:
+                        if r.status != 200:
+                            raise CliError(f"could not make {args.bookie_id} read-only: "
+                                           f"{r.status} {await r.text()}")
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    raise CliError(f"cannot reach the admin endpoint of {args.bookie_id} "
+                                   f"({url}): {exc}; is the bookie running? (for a dead "
+                                   "bookie use: asyncbk shell recover)") from None
                 print(f"{args.bookie_id} is read-only")
                 if await _recover(bk, args.bookie_id, args.rate, False, False):
                     raise CliError("some ledgers could not be copied; run decommission again")
