@@ -8,6 +8,7 @@ them into Prometheus histograms when scraped.
 from __future__ import annotations
 
 from bisect import bisect_left
+from typing import Any
 
 LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -55,4 +56,33 @@ class LatencyHistogram:
         return float("inf")
 
 
-__all__ = ["LATENCY_BUCKETS_S", "LatencyHistogram"]
+class MetricFamilies:
+    """Prometheus metric families of one source, all named ``<prefix>_<name>`` and
+    labelled ``<label>="<value>"`` (for collectors that read counters at scrape time)."""
+
+    def __init__(self, prefix: str, label: str, value: str) -> None:
+        self.prefix, self.labels, self.ident = prefix, [label], [value]
+
+    def gauge(self, name: str, doc: str, value: float) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily(f"{self.prefix}_{name}", doc, labels=self.labels)
+        family.add_metric(self.ident, value)
+        return family
+
+    def counter(self, name: str, doc: str, value: float) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(f"{self.prefix}_{name}", doc, labels=self.labels)
+        family.add_metric(self.ident, value)
+        return family
+
+    def histogram(self, name: str, doc: str, h: LatencyHistogram) -> Any:
+        from prometheus_client.core import HistogramMetricFamily
+
+        family = HistogramMetricFamily(f"{self.prefix}_{name}", doc, labels=self.labels)
+        family.add_metric(self.ident, h.cumulative(), h.sum)
+        return family
+
+
+__all__ = ["LATENCY_BUCKETS_S", "LatencyHistogram", "MetricFamilies"]

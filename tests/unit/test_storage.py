@@ -391,7 +391,8 @@ async def test_entry_log_rotation(tmp_path: Path) -> None:
         await s.close()
 
 
-async def test_corrupt_entry_log_is_detected_on_read(tmp_path: Path) -> None:
+async def storage_with_corrupt_entry_2(tmp_path: Path) -> LedgerStorage:
+    """Storage holding entries 0..2 of ledger 1, one bit of entry 2's body flipped."""
     s = await open_storage(tmp_path)
     await add_all(s, 1, range(3))
     await s.close()
@@ -399,7 +400,11 @@ async def test_corrupt_entry_log_is_detected_on_read(tmp_path: Path) -> None:
     data = bytearray(log.read_bytes())
     data[-3] ^= 0x01  # inside the body of entry 2
     log.write_bytes(bytes(data))
-    s = await open_storage(tmp_path)
+    return await open_storage(tmp_path)
+
+
+async def test_corrupt_entry_log_is_detected_on_read(tmp_path: Path) -> None:
+    s = await storage_with_corrupt_entry_2(tmp_path)
     try:
         assert await s.read_entry(1, 0) == body(1, 0)
         with pytest.raises(BookieIOError):
@@ -433,14 +438,7 @@ async def test_read_entries_runs_across_logs_and_interleaving(tmp_path: Path) ->
 
 
 async def test_read_entries_detects_corruption(tmp_path: Path) -> None:
-    s = await open_storage(tmp_path)
-    await add_all(s, 1, range(3))
-    await s.close()
-    (log,) = (tmp_path / "ledgers" / ENTRYLOG_DIR).iterdir()
-    data = bytearray(log.read_bytes())
-    data[-3] ^= 0x01  # inside the body of entry 2
-    log.write_bytes(bytes(data))
-    s = await open_storage(tmp_path)
+    s = await storage_with_corrupt_entry_2(tmp_path)
     try:
         assert await s.read_entries(1, 0, 2, 1 << 20) == [body(1, 0), body(1, 1)]
         with pytest.raises(BookieIOError, match="1/2 is corrupt"):

@@ -17,14 +17,10 @@ from collections.abc import Iterator
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import (
-    CollectorRegistry,
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CollectorRegistry, Metric
 
 from ..errors import BKError
+from ..stats import MetricFamilies
 from .service import AUDITOR_LOCK, AutoRecovery
 
 PREFIX = "asyncbk_autorecovery"
@@ -40,17 +36,8 @@ class AutoRecoveryCollector:
     def collect(self) -> Iterator[Metric]:
         st = self.ar.status
         r = st.replication
-        labels, ident = ["id"], [st.id]
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
-            g.add_metric(ident, value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
-            c.add_metric(ident, value)
-            return c
+        families = MetricFamilies(PREFIX, "id", st.id)
+        gauge, counter = families.gauge, families.counter
 
         yield gauge("is_auditor", "1 while this process is the elected auditor",
                     1.0 if st.is_auditor else 0.0)

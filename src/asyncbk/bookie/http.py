@@ -28,13 +28,12 @@ from prometheus_client.core import (
     CollectorRegistry,
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
 )
 
 from .._version import __version__
 from ..errors import BKError
-from ..stats import LatencyHistogram
+from ..stats import MetricFamilies
 from .processor import BookieState
 
 if TYPE_CHECKING:
@@ -42,13 +41,6 @@ if TYPE_CHECKING:
 
 PREFIX = "asyncbk_bookie"
 SERVING_STATES = (BookieState.WRITABLE, BookieState.READ_ONLY)
-
-
-def _histogram(name: str, doc: str, h: LatencyHistogram, bookie_id: str
-               ) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, doc, labels=["bookie"])
-    family.add_metric([bookie_id], h.cumulative(), h.sum)
-    return family
 
 
 class BookieCollector:
@@ -62,18 +54,8 @@ class BookieCollector:
 
     def collect(self) -> Iterator[Metric]:
         b = self.bookie
-        labels = ["bookie"]
-        ident = [b.bookie_id]
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
-            g.add_metric(ident, value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
-            c.add_metric(ident, value)
-            return c
+        families = MetricFamilies(PREFIX, "bookie", b.bookie_id)
+        gauge, counter, histogram = families.gauge, families.counter, families.histogram
 
         state = b.processor.state if b.processor is not None else BookieState.STARTING
         g = GaugeMetricFamily(f"{PREFIX}_state", "1 for the bookie's current state",
@@ -100,11 +82,9 @@ class BookieCollector:
             yield counter("read_bytes", "entry bytes returned by reads", c["read_bytes"])
             yield counter("read_errors", "reads answered with an I/O error", c["read_errors"])
             yield counter("fence_requests", "fencing reads", c["fences"])
-            yield _histogram(f"{PREFIX}_add_latency_seconds",
-                             "add: arrival to answer (journal fsync included)", p.add_latency,
-                             b.bookie_id)
-            yield _histogram(f"{PREFIX}_read_latency_seconds", "read: arrival to answer",
-                             p.read_latency, b.bookie_id)
+            yield histogram("add_latency_seconds",
+                            "add: arrival to answer (journal fsync included)", p.add_latency)
+            yield histogram("read_latency_seconds", "read: arrival to answer", p.read_latency)
         s = b.storage
         if s is not None:
             st = s.statistics()
@@ -137,10 +117,10 @@ class BookieCollector:
             yield fr
             yield gauge("journal_failed", "1 once the journal failed (bookie read-only)",
                         1.0 if j["failed"] else 0.0)
-            yield _histogram(f"{PREFIX}_journal_fsync_seconds", "journal fdatasync time",
-                             s.journal.fsync_latency, b.bookie_id)
-            yield _histogram(f"{PREFIX}_journal_batch_records", "records per group commit",
-                             s.journal.batch_records, b.bookie_id)
+            yield histogram("journal_fsync_seconds", "journal fdatasync time",
+                            s.journal.fsync_latency)
+            yield histogram("journal_batch_records", "records per group commit",
+                            s.journal.batch_records)
 
 
 class AdminHttpServer:
