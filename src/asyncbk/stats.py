@@ -28,10 +28,11 @@ class LatencyHistogram:
         self.sum = 0.0
         self.count = 0
 
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.sum += seconds
-        self.count += 1
+    def observe(self, seconds: float, times: int = 1) -> None:
+        """Record ``seconds`` (``times`` times: e.g. once per add of a batch)."""
+        self.counts[bisect_left(self.bounds, seconds)] += times
+        self.sum += seconds * times
+        self.count += times
 
     def cumulative(self) -> list[tuple[str, int]]:
         """``[(le, cumulative count), ...]`` ending with ``("+Inf", count)``."""

@@ -228,7 +228,9 @@ async def test_shell_admin_commands(tmp_path: Path) -> None:
             await asyncio.gather(*(lh.append(d) for d in data))
             await lh.close()
             ledgers.append(lh.id)
-        dead, leaving = cluster.bookies[0], cluster.bookies[1]
+        first_ensemble = (await bk.ledger_metadata(ledgers[0])).ensembles[0][1]
+        by_id = {b.id: b for b in cluster.bookies}
+        dead, leaving = by_id[first_ensemble[0]], by_id[first_ensemble[1]]  # both hold data
         dead.kill()
         await dead.wait()
         r = await cli("recover", dead.id, "--dry-run")

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from asyncbk.errors import ProtocolError
 from asyncbk.proto import (
     PROTOCOL_VERSION,
+    AddBatchRequest,
+    AddBatchResponse,
     AddRequest,
     AddResponse,
     BookieInfoRequest,
@@ -44,6 +46,9 @@ requests = st.one_of(
     st.builds(LongPollLacRequest, ids, ids, eids, st.integers(0, 60_000)),
     st.builds(BookieInfoRequest, ids),
     st.builds(ReadBatchRequest, ids, ids, eids, ids, ids),
+    st.integers(0, 5).flatmap(lambda n: st.builds(
+        AddBatchRequest, ids, ids, blobs, st.integers(0, 3), eids,
+        st.lists(ids, min_size=n, max_size=n), st.lists(blobs, min_size=n, max_size=n))),
 )
 responses = st.one_of(
     st.builds(AddResponse, ids, st.integers(0, 10), ids, eids),
@@ -55,6 +60,9 @@ responses = st.one_of(
               st.text(max_size=10), ids, ids, st.text(max_size=10)),
     st.builds(ReadBatchResponse, ids, st.integers(0, 10), ids, eids, eids,
               st.lists(blobs, max_size=5)),
+    st.integers(0, 5).flatmap(lambda n: st.builds(
+        AddBatchResponse, ids, st.integers(0, 10), ids, st.lists(ids, min_size=n, max_size=n),
+        st.lists(st.integers(0, 10), min_size=n, max_size=n))),
 )
 
 
@@ -90,6 +98,29 @@ def test_response_round_trip(msg) -> None:  # type: ignore[no-untyped-def]
 def test_malformed_requests_rejected(body: bytes) -> None:
     with pytest.raises(ProtocolError):
         decode_request(body)
+
+
+@given(requests)
+def test_fast_add_batch_encoder_matches(msg) -> None:  # type: ignore[no-untyped-def]
+    from asyncbk.proto import encode_add_batch_request
+
+    if isinstance(msg, AddBatchRequest):
+        assert encode_add_batch_request(msg.request_id, msg.ledger_id, msg.master_key,
+                                        msg.flags, msg.lac, msg.entry_ids,
+                                        msg.bodies) == encode_request(msg)
+
+
+@pytest.mark.parametrize(("entry_ids", "bodies"), [
+    ([1, 2], [b"a"]),            # lists differ in length
+    ([1, "2"], [b"a", b"b"]),    # an id that is not an integer
+    ([1, True], [b"a", b"b"]),   # a bool is not an integer
+    ([[1]], [b"a"]),             # a list where an id should be
+    ([1], ["text"]),             # a body that is not bytes
+])
+def test_malformed_add_batch_rejected(entry_ids: object, bodies: object) -> None:
+    with pytest.raises(ProtocolError):
+        decode_request(msgpack.packb([PROTOCOL_VERSION, Op.ADD_BATCH, 1, 1, b"k", 0, -1,
+                                      entry_ids, bodies], use_bin_type=True))
 
 
 @pytest.mark.parametrize("bodies", [[b"a", "text"], [b"a", 1], "notalist", [[b"a"]]])

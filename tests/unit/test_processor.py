@@ -14,6 +14,7 @@ from asyncbk.bookie.processor import BookieState, RequestProcessor
 from asyncbk.bookie.storage import LedgerStorage
 from asyncbk.config import BookieConfig
 from asyncbk.proto import (
+    AddBatchRequest,
     AddFlag,
     AddRequest,
     BookieInfoRequest,
@@ -91,6 +92,36 @@ async def test_add_then_read(proc: RequestProcessor) -> None:
     proc.handle(ReadRequest(3, 1, -1, 0, b""), c)  # -1 = last entry
     r = await c.next()
     assert (r.status, r.entry_id) == (Status.OK, 0)
+
+
+async def test_add_batch(proc: RequestProcessor) -> None:
+    c = Conn()
+    bodies = [b"b%d" % e for e in range(4)]
+    proc.handle(AddBatchRequest(1, 1, KEY, 0, 1, [0, 1, -5, 3], bodies), c)
+    r = await c.next()
+    assert (r.request_id, r.status, r.ledger_id) == (1, Status.OK, 1)
+    assert r.entry_ids == [0, 1, -5, 3]
+    assert r.statuses == [Status.OK, Status.OK, Status.BAD_REQUEST, Status.OK]
+    assert not c.responses  # one answer for the whole batch
+    proc.handle(ReadBatchRequest(2, 1, 0, 10, 1 << 20), c)
+    assert (await c.next()).bodies == [b"b0", b"b1"]  # entry 2 was refused
+    proc.handle(ReadLacRequest(3, 1), c)
+    assert (await c.next()).lac == 1  # the batch's piggybacked LAC
+    assert proc.add_latency.count == 3  # one observation per add
+    proc.handle(AddBatchRequest(4, 1, OTHER, 0, -1, [5, 6], [b"x", b"y"]), c)
+    r = await c.next()
+    assert (r.status, r.statuses) == (Status.UNAUTHORIZED, [Status.UNAUTHORIZED] * 2)
+    proc.handle(ReadRequest(5, 1, -1, ReadFlag.FENCE, KEY), c)
+    await c.next()
+    proc.handle(AddBatchRequest(6, 1, KEY, 0, -1, [7], [b"z"]), c)
+    assert (await c.next()).statuses == [Status.FENCED]
+    proc.handle(AddBatchRequest(7, 1, KEY, AddFlag.RECOVERY_ADD, -1, [2], [b"b2"]), c)
+    assert (await c.next()).statuses == [Status.OK]  # recovery adds pass the fence
+    proc.state = BookieState.READ_ONLY
+    proc.handle(AddBatchRequest(8, 2, KEY, 0, -1, [0, 1], [b"p", b"q"]), c)
+    assert (await c.next()).statuses == [Status.READ_ONLY] * 2
+    proc.handle(AddBatchRequest(9, 2, KEY, 0, -1, [], []), c)
+    assert (await c.next()).statuses == []
 
 
 async def test_read_batch(proc: RequestProcessor) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 from collections.abc import Coroutine
 from typing import Any
 
@@ -32,6 +33,7 @@ from ..errors import BookieIOError, NoSuchEntryError, NoSuchLedgerError, TooMany
 from ..log import get_logger
 from ..net.server import ServerConnection
 from ..proto import (
+    AddBatchRequest,
     AddFlag,
     AddRequest,
     AddResponse,
@@ -51,6 +53,7 @@ from ..proto import (
     Status,
     WriteLacRequest,
     WriteLacResponse,
+    encode_add_batch_response,
     encode_add_response,
 )
 from ..stats import LatencyHistogram
@@ -112,6 +115,8 @@ class RequestProcessor:
     def handle(self, request: Request, conn: ServerConnection) -> None:
         if isinstance(request, AddRequest):
             self._add(request, conn)
+        elif isinstance(request, AddBatchRequest):
+            self._add_batch(request, conn)
         elif isinstance(request, ReadRequest):
             self._read(request, conn)
         elif isinstance(request, ReadBatchRequest):
@@ -168,21 +173,95 @@ class RequestProcessor:
         if self.storage.journal_queue_entries >= self._queue_high:
             self._apply_backpressure(conn)
 
+    def _add_batch(self, req: AddBatchRequest, conn: ServerConnection) -> None:
+        """Each entry as an ADD; one answer once every entry is journaled (or refused)."""
+        n = len(req.entry_ids)
+        ledger_id = req.ledger_id
+        status = self._check_add_fields(ledger_id, req.master_key, req.flags, req.lac)
+        if status is not Status.OK or n == 0:
+            self.counters["rejected"] += n
+            conn.respond_frame(encode_add_batch_response(req.request_id, status, ledger_id,
+                                                         req.entry_ids, [int(status)] * n))
+            return
+        statuses = [0] * n
+        loop = self._loop
+        started = loop.time()
+        counters = self.counters
+        storage = self.storage
+        key = req.master_key
+        remaining = n
+
+        def finish_one() -> None:
+            nonlocal remaining
+            remaining -= 1
+            if remaining == 0:
+                conn.respond_frame(encode_add_batch_response(req.request_id, Status.OK,
+                                                             ledger_id, req.entry_ids, statuses))
+                if accepted:  # one observation per add, as for single adds
+                    self.add_latency.observe(loop.time() - started, accepted)
+
+        def done(index: int, f: asyncio.Future[None]) -> None:
+            self._inflight_adds -= 1
+            if self._inflight_adds == 0:
+                self._drained.set()
+            if f.cancelled() or f.exception() is not None:
+                statuses[index] = Status.IO_ERROR
+                counters["add_errors"] += 1
+            finish_one()
+
+        accepted = 0
+        for i, (entry_id, body) in enumerate(zip(req.entry_ids, req.bodies, strict=True)):
+            if entry_id < 0:
+                statuses[i] = Status.BAD_REQUEST
+                counters["rejected"] += 1
+                remaining -= 1
+                continue
+            try:
+                fut = storage.add_entry(ledger_id, entry_id, key, body)
+            except TooManyRequestsError:
+                statuses[i] = Status.TOO_MANY_REQUESTS
+                remaining -= 1
+                continue
+            except BookieIOError:
+                statuses[i] = Status.IO_ERROR
+                remaining -= 1
+                continue
+            accepted += 1
+            counters["add_bytes"] += len(body)
+            self._inflight_adds += 1
+            fut.add_done_callback(functools.partial(done, i))
+        counters["adds"] += accepted
+        if accepted:
+            self._drained.clear()
+        if req.lac >= 0 and storage.update_lac(ledger_id, req.lac):
+            self._notify_lac(ledger_id)
+        if remaining == 0:  # nothing was accepted: answer now
+            remaining = 1
+            finish_one()
+        if storage.journal_queue_entries >= self._queue_high:
+            self._apply_backpressure(conn)
+
     def _check_add(self, req: AddRequest) -> Status:
-        if req.ledger_id < 0 or req.entry_id < 0 or req.lac < -1:
+        if req.entry_id < 0:
             return Status.BAD_REQUEST
-        if not req.master_key or len(req.master_key) > MASTER_KEY_BYTES_MAX:
+        return self._check_add_fields(req.ledger_id, req.master_key, req.flags, req.lac)
+
+    def _check_add_fields(self, ledger_id: int, master_key: bytes, flags: int,
+                          lac: int) -> Status:
+        if ledger_id < 0 or lac < -1:
             return Status.BAD_REQUEST
-        recovery = req.flags & _RECOVERY_ADD  # a plain int test: this runs for every add
+        if not master_key or len(master_key) > MASTER_KEY_BYTES_MAX:
+            return Status.BAD_REQUEST
+        recovery = flags & _RECOVERY_ADD  # a plain int test: this runs for every add
         if self.state is not BookieState.WRITABLE:
             if self.state is BookieState.READ_ONLY:
                 if not recovery:
                     return Status.READ_ONLY
             else:
                 return Status.NOT_READY
-        info = self.storage.ledger(req.ledger_id)
+        info = self.storage.ledger(ledger_id)
         if info is not None:
-            if info.master_key != req.master_key:
+            if info.master_key != master_key:
                 return Status.UNAUTHORIZED
             if info.fenced and not recovery:
                 return Status.FENCED

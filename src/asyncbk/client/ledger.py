@@ -81,8 +81,6 @@ from ..proto import (
     Response,
     Status,
     WriteLacRequest,
-    add_request_frame,
-    add_request_tail,
 )
 from ..types import BookieId, LedgerEntry
 from .digest import DigestManager, master_key
@@ -534,17 +532,14 @@ class LedgerHandle(ReadHandle):
         timeout_s = self._bk.config.add_timeout_s
         lac = self._lac
         self._lac_sent = max(self._lac_sent, lac)
-        # Packed once; each bookie's frame differs only by its request id.
-        tail = add_request_tail(md.ledger_id, op.entry_id, self._master_key, self._add_flags,
-                                lac, op.body)
+        ledger_id, key, flags, entry_id, body = (md.ledger_id, self._master_key,
+                                                 self._add_flags, op.entry_id, op.body)
         for pos in positions:
             if pos in self._degraded:
                 continue
             bookie = ensemble[pos]
-            ch = client.channel(bookie)
-            rid = ch.next_request_id()
-            ch.send_frame(rid, add_request_frame(rid, tail), _AddCallback(self, op, pos, bookie),
-                          timeout_s)
+            client.channel(bookie).send_add(ledger_id, entry_id, key, flags, lac, body,
+                                            _AddCallback(self, op, pos, bookie), timeout_s)
 
     # ------------------------------------------------------------------ responses
 

@@ -33,7 +33,19 @@ from ..errors import (
     TooManyRequestsError,
 )
 from ..log import get_logger
-from ..proto import FrameDecoder, Request, Response, decode_response, encode_request
+from ..proto import (
+    AddBatchResponse,
+    AddResponse,
+    FrameDecoder,
+    Request,
+    Response,
+    Status,
+    add_request_frame,
+    add_request_tail,
+    decode_response,
+    encode_add_batch_request,
+    encode_request,
+)
 from ..types import BookieId, parse_bookie_id
 
 Callback = Callable[[Response | BKError], None]
@@ -54,6 +66,38 @@ def tcp_connector(address_map: dict[BookieId, str] | None = None) -> Connector:
     return connect
 
 _SWEEP_INTERVAL_S = 0.05
+
+ADD_BATCH_ENTRIES_MAX = 512
+ADD_BATCH_BYTES_MAX = 1024 * 1024
+"""Adds of one loop turn to one ledger go out as ADD_BATCH frames of at most this much."""
+
+ADD_OK = AddResponse(0, Status.OK, 0, 0)
+"""What an add's callback gets for an OK entry of a batch answer (only its type and
+status are read)."""
+
+
+class _BatchCallback:
+    """Hands each add of an ADD_BATCH its own answer (or the batch's error)."""
+
+    __slots__ = ("callbacks", "entry_ids", "ledger_id")
+
+    def __init__(self, ledger_id: int, entry_ids: list[int], callbacks: list[Any]) -> None:
+        self.ledger_id = ledger_id
+        self.entry_ids = entry_ids
+        self.callbacks = callbacks
+
+    def __call__(self, result: Response | BKError) -> None:
+        callbacks = self.callbacks
+        if isinstance(result, AddBatchResponse) and len(result.statuses) == len(callbacks):
+            ledger_id = self.ledger_id
+            for cb, status, entry_id in zip(callbacks, result.statuses, self.entry_ids,
+                                            strict=True):
+                cb(ADD_OK if status == 0 else AddResponse(0, status, ledger_id, entry_id))
+            return
+        error = result if isinstance(result, BKError) else BookieUnavailableError(
+            f"malformed answer to a batch of adds: {type(result).__name__}")
+        for cb in callbacks:
+            cb(error)
 
 
 class _Pending:
@@ -88,6 +132,8 @@ class BookieChannel(asyncio.Protocol):
         self._request_ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._unsent: list[bytes] = []
+        self._adds: list[tuple[Any, ...]] = []
+        """Adds of this loop turn, framed (alone or batched) at the flush."""
         self._flush_scheduled = False
         self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(frame_bytes_max)
@@ -119,33 +165,51 @@ class BookieChannel(asyncio.Protocol):
         """
         self.send_frame(request.request_id, (encode_request(request),), callback, timeout_s)
 
-    def send_frame(self, request_id: int, frame: tuple[bytes, ...], callback: Callback,
-                   timeout_s: float) -> None:
-        """``send`` for a request already encoded as frame pieces (see
-        ``proto.add_request_frame``: one add's body is shared by its bookies)."""
+    def _admit(self, callback: Callback) -> bool:
+        """Whether a request may be queued now; if not, ``callback`` got the reason."""
         if self._closed:
             callback(BookieUnavailableError(f"connection to bookie {self.bookie_id} is closed"))
-            return
-        if len(self._pending) >= self._requests_max:
+            return False
+        if len(self._pending) + len(self._adds) >= self._requests_max:
             callback(TooManyRequestsError(
                 f"{len(self._pending)} requests already in flight to bookie {self.bookie_id}"))
-            return
+            return False
         if self._transport is None and self._connect_task is None:
             now = self._loop.time()
             if now < self._retry_at_s:
                 callback(BookieUnavailableError(
                     f"bookie {self.bookie_id} is unreachable ({self._last_error}); "
                     f"retrying in {self._retry_at_s - now:.2f}s"))
-                return
+                return False
             self._connect_task = self._loop.create_task(self._connect())
-        self._pending[request_id] = _Pending(callback, self._loop.time() + timeout_s)
-        self._unsent.extend(frame)
+        return True
+
+    def _queued(self) -> None:
         if self._transport is not None and not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
         if self._sweep_handle is None:
             self._sweep_handle = self._loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
 
+    def send_frame(self, request_id: int, frame: tuple[bytes, ...], callback: Callback,
+                   timeout_s: float) -> None:
+        """``send`` for a request already encoded as frame pieces."""
+        if not self._admit(callback):
+            return
+        self._pending[request_id] = _Pending(callback, self._loop.time() + timeout_s)
+        self._unsent.extend(frame)
+        self._queued()
+
+    def send_add(self, ledger_id: int, entry_id: int, master_key: bytes, flags: int, lac: int,
+                 body: bytes, callback: Callback, timeout_s: float) -> None:
+        """Queue an ADD.  The adds of one loop turn to one ledger leave as ADD_BATCH
+        frames (one decode and one answer for many entries); a lone add as an ADD.
+        ``callback`` gets an AddResponse (only its status counts) or the error."""
+        if not self._admit(callback):
+            return
+        self._adds.append((ledger_id, master_key, flags, lac, entry_id, body, callback,
+                           self._loop.time() + timeout_s))
+        self._queued()
     def request(self, request: Request, timeout_s: float) -> asyncio.Future[Response]:
         """``send`` with a future: resolves to the response or raises the error."""
         fut: asyncio.Future[Response] = self._loop.create_future()
@@ -216,7 +280,7 @@ class BookieChannel(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self._unsent:
+        if self._unsent or self._adds:
             self._flush()
 
     def data_received(self, data: bytes) -> None:
@@ -246,8 +310,40 @@ class BookieChannel(asyncio.Protocol):
 
     # ------------------------------------------------------------ internals
 
+    def _frame_adds(self) -> None:
+        """Turn the queued adds into frames (in ``_unsent``) and pending requests."""
+        adds, self._adds = self._adds, []
+        pending = self._pending
+        out = self._unsent
+        i = 0
+        while i < len(adds):
+            ledger_id, key, flags, lac, entry_id, body, callback, deadline = adds[i]
+            j = i + 1
+            size = len(body)
+            while (j < len(adds) and j - i < ADD_BATCH_ENTRIES_MAX
+                   and size < ADD_BATCH_BYTES_MAX and adds[j][0] == ledger_id
+                   and adds[j][2] == flags and adds[j][1] == key):
+                size += len(adds[j][5])
+                j += 1
+            rid = next(self._request_ids)
+            if j == i + 1:
+                out.extend(add_request_frame(rid, add_request_tail(
+                    ledger_id, entry_id, key, flags, lac, body)))
+                pending[rid] = _Pending(callback, deadline)
+            else:
+                group = adds[i:j]
+                entry_ids = [a[4] for a in group]
+                out.append(encode_add_batch_request(
+                    rid, ledger_id, key, flags, max(a[3] for a in group), entry_ids,
+                    [a[5] for a in group]))
+                pending[rid] = _Pending(_BatchCallback(ledger_id, entry_ids,
+                                                       [a[6] for a in group]), deadline)
+            i = j
+
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._adds and self._transport is not None:
+            self._frame_adds()
         if self._transport is None or not self._unsent:
             return
         data = b"".join(self._unsent) if len(self._unsent) > 1 else self._unsent[0]
@@ -255,6 +351,9 @@ class BookieChannel(asyncio.Protocol):
         self._transport.write(data)
 
     def _fail_all(self, error: BKError) -> None:
+        adds, self._adds = self._adds, []
+        for add in adds:
+            add[6](error)
         if not self._pending:
             return
         pending, self._pending = self._pending, {}

@@ -3,6 +3,8 @@
 from .framing import FRAME_HEADER_BYTES, FrameDecoder, encode_frame
 from .messages import (
     PROTOCOL_VERSION,
+    AddBatchRequest,
+    AddBatchResponse,
     AddFlag,
     AddRequest,
     AddResponse,
@@ -27,16 +29,19 @@ from .messages import (
     add_request_tail,
     decode_request,
     decode_response,
+    encode_add_batch_request,
+    encode_add_batch_response,
     encode_add_response,
     encode_request,
     encode_response,
 )
 
 __all__ = [
-    "FRAME_HEADER_BYTES", "PROTOCOL_VERSION", "AddFlag", "AddRequest", "AddResponse",
+    "FRAME_HEADER_BYTES", "PROTOCOL_VERSION", "AddBatchRequest", "AddBatchResponse", "AddFlag", "AddRequest", "AddResponse",
     "BookieInfoRequest", "BookieInfoResponse", "FrameDecoder", "LongPollLacRequest",
     "LongPollLacResponse", "Op", "ReadBatchRequest", "ReadBatchResponse", "ReadFlag", "ReadLacRequest", "ReadLacResponse",
     "ReadRequest", "ReadResponse", "Request", "Response", "Status", "WriteLacRequest",
     "WriteLacResponse", "add_request_frame", "add_request_tail", "decode_request",
-    "decode_response", "encode_add_response", "encode_frame", "encode_request", "encode_response",
+    "decode_response", "encode_add_batch_request", "encode_add_batch_response",
+    "encode_add_response", "encode_frame", "encode_request", "encode_response",
 ]

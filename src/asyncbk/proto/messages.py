@@ -43,6 +43,7 @@ class Op(enum.IntEnum):
     LONG_POLL_LAC = 5
     BOOKIE_INFO = 6
     READ_BATCH = 7
+    ADD_BATCH = 8
 
 
 class Status(enum.IntEnum):
@@ -136,6 +137,20 @@ class ReadBatchRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class AddBatchRequest:
+    """Several adds to one ledger in one frame (a client's adds of one loop turn):
+    the same as one ADD per entry, answered once when all are journaled."""
+    OP: ClassVar[Op] = Op.ADD_BATCH
+    request_id: int
+    ledger_id: int
+    master_key: bytes
+    flags: int
+    lac: int
+    entry_ids: list[int]
+    bodies: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
 class BookieInfoRequest:
     OP: ClassVar[Op] = Op.BOOKIE_INFO
     request_id: int
@@ -143,7 +158,7 @@ class BookieInfoRequest:
 
 Request: TypeAlias = (
     AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | LongPollLacRequest
-    | BookieInfoRequest | ReadBatchRequest
+    | BookieInfoRequest | ReadBatchRequest | AddBatchRequest
 )
 
 # ---------------------------------------------------------------- responses
@@ -212,6 +227,18 @@ class ReadBatchResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class AddBatchResponse:
+    OP: ClassVar[Op] = Op.ADD_BATCH
+    request_id: int
+    status: int
+    """OK unless the whole batch was refused (then ``statuses`` holds that status too)."""
+    ledger_id: int
+    entry_ids: list[int]
+    statuses: list[int]
+    """One status per entry, in request order (as an ADD response's)."""
+
+
+@dataclass(frozen=True, slots=True)
 class BookieInfoResponse:
     OP: ClassVar[Op] = Op.BOOKIE_INFO
     request_id: int
@@ -225,7 +252,7 @@ class BookieInfoResponse:
 
 Response: TypeAlias = (
     AddResponse | ReadResponse | ReadLacResponse | WriteLacResponse | LongPollLacResponse
-    | BookieInfoResponse | ReadBatchResponse
+    | BookieInfoResponse | ReadBatchResponse | AddBatchResponse
 )
 
 # ---------------------------------------------------------------- codec
@@ -233,20 +260,25 @@ Response: TypeAlias = (
 _REQUESTS: dict[int, type[Any]] = {
     c.OP: c
     for c in (AddRequest, ReadRequest, ReadLacRequest, WriteLacRequest, LongPollLacRequest,
-              BookieInfoRequest, ReadBatchRequest)
+              BookieInfoRequest, ReadBatchRequest, AddBatchRequest)
 }
 _RESPONSES: dict[int, type[Any]] = {
     c.OP: c
     for c in (AddResponse, ReadResponse, ReadLacResponse, WriteLacResponse, LongPollLacResponse,
-              BookieInfoResponse, ReadBatchResponse)
+              BookieInfoResponse, ReadBatchResponse, AddBatchResponse)
 }
+
+
+class _IntList(list[int]):
+    """Schema marker: a list of integers (in the int64/uint64 range)."""
 
 
 def _field_types(cls: type[Any]) -> tuple[tuple[str, type], ...]:
     out = []
     for f in fields(cls):
-        t = {"int": int, "bytes": bytes, "str": str, "list[bytes]": list}[
-            f.type if isinstance(f.type, str) else f.type.__name__]
+        name = f.type if isinstance(f.type, str) else f.type.__name__
+        t = {"int": int, "bytes": bytes, "str": str, "list[bytes]": list,
+             "list[int]": _IntList}[name]
         out.append((f.name, t))
     return tuple(out)
 
@@ -308,6 +340,26 @@ def encode_add_response(request_id: int, status: int, ledger_id: int, entry_id: 
     return _FRAME_LENGTH.pack(len(body)) + body
 
 
+_ADD_BATCH_HEAD = bytes([0x99, PROTOCOL_VERSION, Op.ADD_BATCH])  # fixarray(9), version, op
+_ADD_BATCH_RESPONSE_HEAD = bytes([0x97, PROTOCOL_VERSION, Op.ADD_BATCH])  # fixarray(7)
+
+
+def encode_add_batch_request(request_id: int, ledger_id: int, master_key: bytes, flags: int,
+                             lac: int, entry_ids: list[int], bodies: list[bytes]) -> bytes:
+    """The frame of an ADD_BATCH request (byte for byte ``encode_request``'s)."""
+    body = b"".join((_ADD_BATCH_HEAD, _packb(request_id), _packb(ledger_id),
+                     _packb(master_key), _packb(flags), _packb(lac), _packb(entry_ids),
+                     _packb(bodies)))
+    return _FRAME_LENGTH.pack(len(body)) + body
+
+
+def encode_add_batch_response(request_id: int, status: int, ledger_id: int,
+                              entry_ids: list[int], statuses: list[int]) -> bytes:
+    body = b"".join((_ADD_BATCH_RESPONSE_HEAD, _packb(request_id), _packb(status),
+                     _packb(ledger_id), _packb(entry_ids), _packb(statuses)))
+    return _FRAME_LENGTH.pack(len(body)) + body
+
+
 def encode_request(msg: Request) -> bytes:
     """The whole frame (length prefix included) for a request."""
     return encode_frame(_pack(msg.OP, msg))
@@ -340,6 +392,12 @@ def _unpack(body: bytes, table: dict[int, type[Any]], kind: str) -> Any:
             f"{kind} op {Op(op).name} needs {len(schema)} fields, got {len(values)}"
         )
     for (name, t), v in zip(schema, values, strict=True):
+        if t is _IntList:
+            if type(v) is not list or not all(
+                    type(x) is int and _INT64_MIN <= x <= _UINT64_MAX for x in v):
+                raise ProtocolError(f"{kind} op {Op(op).name} field {name} must be a list "
+                                    "of integers")
+            continue
         if type(v) is not t:
             raise ProtocolError(
                 f"{kind} op {Op(op).name} field {name} must be {t.__name__}, got {type(v).__name__}"
@@ -350,6 +408,8 @@ def _unpack(body: bytes, table: dict[int, type[Any]], kind: str) -> Any:
             raise ProtocolError(f"{kind} op {Op(op).name} field {name} must hold only bytes")
     if values[0] < 0:
         raise ProtocolError(f"{kind} request_id must be >= 0")
+    if (cls is AddBatchRequest or cls is AddBatchResponse) and len(values[-2]) != len(values[-1]):
+        raise ProtocolError(f"{kind} op ADD_BATCH lists differ in length")
     return cls(*values)
 
 
