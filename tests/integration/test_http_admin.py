@@ -103,3 +103,25 @@ async def test_maintenance_read_only_switch(cluster: LocalCluster) -> None:
             except NotEnoughBookiesError:
                 await asyncio.sleep(0.1)
     assert await lh.append(b"back") == 0
+
+
+async def test_client_metrics(cluster: LocalCluster) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from asyncbk.client.metrics import ClientCollector
+
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 2, 2)
+    await asyncio.gather(*(lh.append(b"m") for _ in range(30)))
+    await lh.close()
+    rh = await bk.open_ledger(lh.id)
+    await rh.read(0, 29)
+    await rh.read(0, 9)
+    assert bk.stats.add_latency.count == 30
+    assert bk.stats.read_latency.count == 2 and bk.stats.read_entries == 40
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClientCollector(bk, name="test"))
+    text = generate_latest(registry).decode()
+    assert metric(text, "asyncbk_client_add_latency_seconds_count", client="test") == 30
+    assert metric(text, "asyncbk_client_read_entries_total", client="test") == 40
+    assert metric(text, "asyncbk_client_ensemble_changes_total", client="test") == 0

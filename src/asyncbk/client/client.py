@@ -17,6 +17,7 @@ from ..meta.api import BookieRegistration, MetadataStore
 from ..meta.model import DIGESTS, LedgerMetadata, LedgerState, new_metadata
 from ..meta.uri import open_metadata_store
 from ..net.channel import BookieClient, Connector, tcp_connector
+from ..stats import LatencyHistogram
 from ..types import BookieId
 from .ledger import LedgerHandle, ReadHandle
 from .placement import RandomPlacement
@@ -56,6 +57,18 @@ class BookieWatcher:
             self._task = None
 
 
+class ClientStats:
+    """What this client did (``BookKeeper.stats``; ``asyncbk.client.metrics`` exports
+    it to Prometheus): append latency (call to acknowledgement), read latency (per
+    read call), entries read, ensemble changes."""
+
+    def __init__(self) -> None:
+        self.add_latency = LatencyHistogram()
+        self.read_latency = LatencyHistogram()
+        self.read_entries = 0
+        self.ensemble_changes = 0
+
+
 class BookKeeper:
     """A connected asyncbk client (see the README).  Use ``await BookKeeper.connect(uri)``."""
 
@@ -71,6 +84,7 @@ class BookKeeper:
             connector=connector or tcp_connector(config.bookie_addresses),
         )
         self.placement = RandomPlacement(rng)
+        self.stats = ClientStats()
         self.bookies = BookieWatcher(meta)
         self._log = get_logger()
         self._closed = False

@@ -167,6 +167,14 @@ class ReadHandle:
         """Entries ``first..last`` without the LAC bound (no repeatable-read guarantee)."""
         if first < 0 or last < first:
             raise ValueError(f"bad entry range {first}..{last}")
+        started = asyncio.get_running_loop().time()
+        out = await self._read_range(first, last)
+        stats = self._bk.stats
+        stats.read_latency.observe(asyncio.get_running_loop().time() - started)
+        stats.read_entries += len(out)
+        return out
+
+    async def _read_range(self, first: int, last: int) -> list[LedgerEntry]:
         out: list[LedgerEntry] = []
         md = self._metadata
         batched = md.write_quorum == md.ensemble_size and self._bk.config.read_batch
@@ -594,8 +602,11 @@ class LedgerHandle(ReadHandle):
     def _complete_head(self) -> None:
         pending = self._pending
         released = False
+        stats = self._bk.stats
+        now = self._loop.time()
         while pending and pending[0].acks.complete:
             op = pending.popleft()
+            stats.add_latency.observe(now - op.submitted_s)
             invariant(op.entry_id == self._lac + 1,
                       f"ledger {self.id}: completing entry {op.entry_id} after LAC {self._lac}")
             self._lac = op.entry_id
@@ -652,6 +663,7 @@ class LedgerHandle(ReadHandle):
                 old = md.ensembles[-1][1]
                 self._metadata = await self._commit_ensemble(first, tuple(ensemble))
                 self.ensemble_changes += 1
+                self._bk.stats.ensemble_changes += 1
                 for pos in failed:
                     self._failed_positions.pop(pos, None)
                     self._degraded.discard(pos)

@@ -202,7 +202,7 @@ class BookieChannel(asyncio.Protocol):
 
     def send_add(self, ledger_id: int, entry_id: int, master_key: bytes, flags: int, lac: int,
                  body: bytes, callback: Callback, timeout_s: float) -> None:
-        """Queue an ADD.  The adds of one loop turn to one ledger leave as ADD_BATCH
+        """Queue an ADD.  The adds of one loop turn to each ledger leave as ADD_BATCH
         frames (one decode and one answer for many entries); a lone add as an ADD.
         ``callback`` gets an AddResponse (only its status counts) or the error."""
         if not self._admit(callback):
@@ -311,34 +311,43 @@ class BookieChannel(asyncio.Protocol):
     # ------------------------------------------------------------ internals
 
     def _frame_adds(self) -> None:
-        """Turn the queued adds into frames (in ``_unsent``) and pending requests."""
+        """Turn the queued adds into frames (in ``_unsent``) and pending requests: the
+        adds to each ledger (same key and flags), in order, in batches."""
         adds, self._adds = self._adds, []
+        groups: dict[tuple[int, bytes, int], list[tuple[Any, ...]]] = {}
+        for add in adds:
+            key = (add[0], add[1], add[2])
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [add]
+            else:
+                group.append(add)
         pending = self._pending
         out = self._unsent
-        i = 0
-        while i < len(adds):
-            ledger_id, key, flags, lac, entry_id, body, callback, deadline = adds[i]
-            j = i + 1
-            size = len(body)
-            while (j < len(adds) and j - i < ADD_BATCH_ENTRIES_MAX
-                   and size < ADD_BATCH_BYTES_MAX and adds[j][0] == ledger_id
-                   and adds[j][2] == flags and adds[j][1] == key):
-                size += len(adds[j][5])
-                j += 1
-            rid = next(self._request_ids)
-            if j == i + 1:
-                out.extend(add_request_frame(rid, add_request_tail(
-                    ledger_id, entry_id, key, flags, lac, body)))
-                pending[rid] = _Pending(callback, deadline)
-            else:
-                group = adds[i:j]
-                entry_ids = [a[4] for a in group]
-                out.append(encode_add_batch_request(
-                    rid, ledger_id, key, flags, max(a[3] for a in group), entry_ids,
-                    [a[5] for a in group]))
-                pending[rid] = _Pending(_BatchCallback(ledger_id, entry_ids,
-                                                       [a[6] for a in group]), deadline)
-            i = j
+        for (ledger_id, master_key, flags), group in groups.items():
+            i = 0
+            while i < len(group):
+                j = i + 1
+                size = len(group[i][5])
+                while j < len(group) and j - i < ADD_BATCH_ENTRIES_MAX \
+                        and size < ADD_BATCH_BYTES_MAX:
+                    size += len(group[j][5])
+                    j += 1
+                rid = next(self._request_ids)
+                if j == i + 1:
+                    _, _, _, lac, entry_id, body, callback, deadline = group[i]
+                    out.extend(add_request_frame(rid, add_request_tail(
+                        ledger_id, entry_id, master_key, flags, lac, body)))
+                    pending[rid] = _Pending(callback, deadline)
+                else:
+                    batch = group[i:j]
+                    entry_ids = [a[4] for a in batch]
+                    out.append(encode_add_batch_request(
+                        rid, ledger_id, master_key, flags, max(a[3] for a in batch), entry_ids,
+                        [a[5] for a in batch]))
+                    pending[rid] = _Pending(_BatchCallback(ledger_id, entry_ids,
+                                                           [a[6] for a in batch]), batch[0][7])
+                i = j
 
     def _flush(self) -> None:
         self._flush_scheduled = False

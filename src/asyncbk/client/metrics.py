@@ -1,0 +1,40 @@
+"""Prometheus metrics of a client, for the application's own registry::
+
+    from prometheus_client import REGISTRY
+    from asyncbk.client.metrics import ClientCollector
+    REGISTRY.register(ClientCollector(bk, name="orders-writer"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..stats import MetricFamilies
+from .client import BookKeeper
+
+PREFIX = "asyncbk_client"
+
+
+class ClientCollector:
+    """Reads ``bk.stats`` at scrape time (no cost on the request path)."""
+
+    def __init__(self, bk: BookKeeper, name: str = "default") -> None:
+        self.bk = bk
+        self.name = name
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        st = self.bk.stats
+        f = MetricFamilies(PREFIX, "client", self.name)
+        yield f.histogram("add_latency_seconds", "append: call to acknowledgement",
+                          st.add_latency)
+        yield f.histogram("read_latency_seconds", "read: one read call", st.read_latency)
+        yield f.counter("read_entries", "entries read", st.read_entries)
+        yield f.counter("ensemble_changes", "bookies replaced by this client's writers",
+                        st.ensemble_changes)
+
+
+__all__ = ["ClientCollector"]
