@@ -860,3 +860,19 @@ async def test_compaction_reclaims_space_while_adds_and_reads_go_on(tmp_path: Pa
             assert await s.read_entries(lid, 0, 1000, 1 << 30) == [body(lid, e) for e in range(n)]
     finally:
         await s.close()
+
+
+def test_ledger_index_absorbs_thousands_of_sparse_entries_without_recursion() -> None:
+    """Entries copied to a new bookie from far into a ledger, out of order (as
+    re-replication does): thousands go sparse, then the dense range reaches them."""
+    from asyncbk.bookie.storage import INDEX_GAP_MAX, LedgerIndex
+
+    index = LedgerIndex()
+    first = INDEX_GAP_MAX * 3
+    far = list(range(first, first + 20_000))
+    for e in reversed(far):  # all beyond the dense range: sparse
+        index.put(e, (1, e, 7))
+    for e in range(first):  # the dense range grows up to them
+        index.put(e, (0, e, 5))
+    assert not index._sparse and len(index) == first + 20_000
+    assert index.get(first + 19_999) == (1, first + 19_999, 7) and index.get(0) == (0, 0, 5)

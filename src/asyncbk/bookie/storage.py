@@ -175,39 +175,48 @@ class LedgerIndex:
         return old
 
     def _put(self, entry_id: int, loc: Location) -> None:
-        log_id, offset, length = loc
-        dense = len(self._lengths)
-        if entry_id > dense + INDEX_GAP_MAX:
+        if entry_id > len(self._lengths) + INDEX_GAP_MAX:
             if entry_id not in self._sparse:
                 self.count += 1
             self._sparse[entry_id] = loc
         else:
-            if entry_id >= dense:
-                gap = entry_id - dense
-                if gap:
-                    self._positions.extend(array("Q", bytes(8 * gap)))
-                    self._lengths.extend(array("I", bytes(4 * gap)))
-                self._positions.append((log_id << 32) | offset)
-                self._lengths.append(length)
-                self.count += 1
+            grew = entry_id >= len(self._lengths)
+            self._put_dense(entry_id, loc)
+            if grew and self._sparse:
                 self._absorb_sparse()
-            else:
-                if not self._lengths[entry_id]:
-                    self.count += 1
-                self._positions[entry_id] = (log_id << 32) | offset
-                self._lengths[entry_id] = length
         if entry_id > self.last:
             self.last = entry_id
 
+    def _put_dense(self, entry_id: int, loc: Location) -> None:
+        log_id, offset, length = loc
+        dense = len(self._lengths)
+        if entry_id >= dense:
+            gap = entry_id - dense
+            if gap:
+                self._positions.extend(array("Q", bytes(8 * gap)))
+                self._lengths.extend(array("I", bytes(4 * gap)))
+            self._positions.append((log_id << 32) | offset)
+            self._lengths.append(length)
+            self.count += 1
+        else:
+            if not self._lengths[entry_id]:
+                self.count += 1
+            self._positions[entry_id] = (log_id << 32) | offset
+            self._lengths[entry_id] = length
+
     def _absorb_sparse(self) -> None:
-        """Move sparse entries the dense range has reached into the arrays."""
-        if not self._sparse:
-            return
-        limit = len(self._lengths) + INDEX_GAP_MAX
-        for entry_id in sorted(e for e in self._sparse if e <= limit):
-            loc = self._sparse.pop(entry_id)
-            self.count -= 1
-            self._put(entry_id, loc)
+        """Move the sparse entries the dense range now reaches into the arrays (in
+        rounds, without recursion: each round may extend the range further)."""
+        sparse = self._sparse
+        while sparse:
+            limit = len(self._lengths) + INDEX_GAP_MAX
+            reached = sorted(e for e in sparse if e <= limit)
+            if not reached:
+                return
+            for entry_id in reached:
+                loc = sparse.pop(entry_id)
+                self.count -= 1
+                self._put_dense(entry_id, loc)
 
 
 @dataclass(slots=True)
