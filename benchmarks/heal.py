@@ -30,6 +30,7 @@ import aiohttp
 import uvloop
 from hdrh.histogram import HdrHistogram
 
+from asyncbk.errors import BKError
 from asyncbk.testing.cluster import LocalBookie, LocalCluster
 
 
@@ -61,7 +62,12 @@ class Foreground:
             due_count = int((time.perf_counter() - t0) * self.rate) + 1
             while sent < due_count:
                 due = t0 + sent / self.rate
-                self.lh.append(payload).add_done_callback(lambda f, d=due: self._record(d, f))
+                try:
+                    fut = self.lh.append(payload)
+                except BKError:
+                    self.errors += 1
+                    return
+                fut.add_done_callback(lambda f, d=due: self._record(d, f))
                 sent += 1
             await asyncio.sleep(0.001)
 
@@ -75,7 +81,7 @@ class Foreground:
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="asyncbk-heal-") as d:
-        config = {"entry_log_bytes_max": 8 * 1024 * 1024, "gc_interval_s": 3600}
+        config = {"entry_log_bytes_max": 8 * 1024 * 1024, "gc_interval_s": 3600, "lease_ttl_s": 10}
         async with LocalCluster(bookies=args.bookies, data_dir=Path(d),
                                 bookie_config=config) as c:
             bk = await c.client()
@@ -95,8 +101,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             stop = asyncio.Event()
             fg_task = asyncio.create_task(fg.run(stop))
             await asyncio.sleep(args.before_s)
-            victim = next(b for b in c.bookies
-                          if b.id in (await bk.ledger_metadata(ids[0])).all_bookies())
+            first_bookies = (await bk.ledger_metadata(ids[0])).all_bookies()
+            victim = next(b for b in c.bookies if b.id in first_bookies)
             holding = [lid for lid in ids
                        if victim.id in (await bk.ledger_metadata(lid)).all_bookies()]
             print(f"killing {victim.id} (in {len(holding)} ledgers) ...", flush=True)
@@ -128,7 +134,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             async with aiohttp.ClientSession() as s:
                 for b in live:
                     async with s.put(f"{b.http_url}/api/v1/bookie/gc") as r:
-                        r.raise_for_status()
+                        if r.status != 200:
+                            raise RuntimeError(f"GC on {b.id} failed: {await r.text()}")
             gc_s = time.monotonic() - t1
             after = {b.id: await asyncio.to_thread(entrylog_bytes, b) for b in live}
     return {

@@ -87,6 +87,8 @@ async def test_dead_bookie_is_replaced_in_every_ledger(cluster4: LocalCluster) -
             status = await r.json()
         async with s.get(f"{ar.http_url}/metrics") as r:
             metrics = await r.text()
+        async with s.get(f"{ar.http_url}/api/v1/autorecovery/underreplicated") as r:
+            assert await r.json() == {"ledgers": []}
     assert status["is_auditor"] and status["lost_bookies"] == [victim.id]
     assert status["ledgers_marked"] == len(on_victim)
     assert status["recovered_open_ledgers"] == 1

@@ -100,7 +100,10 @@ async def test_a_bookie_replaced_in_a_ledger_drops_its_copy(tmp_path: Path) -> N
         b = next(x for x in c.bookies if x.id == leaving)
         async with aiohttp.ClientSession() as s:
             result = await gc(s, b)
+            async with s.get(f"{b.http_url}/api/v1/bookie/gc") as r:
+                totals = await r.json()
         assert result["dropped"] == 1
+        assert totals["runs"] == 1 and totals["ledgers_not_in_ensemble"] == 1
         assert await status_of(bk, leaving, lh.id) == Status.NO_LEDGER
         rh = await bk.open_ledger(lh.id)
         assert [e.data for e in await rh.read(0, 99)] == [b"e%d" % i for i in range(100)]
