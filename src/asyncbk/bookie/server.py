@@ -99,7 +99,10 @@ class BookieServer:
                 self.http = AdminHttpServer(self, cfg.http_host, cfg.http_port,
                                             self.http_extra_routes, self.http_extra_collectors)
                 port = await self.http.start()
-                info["http"] = f"http://{cfg.http_host}:{port}"
+                public = cfg.http_host
+                if public in ("0.0.0.0", "::", ""):  # listening everywhere: the bookie's host
+                    public = cfg.advertised_host or cfg.host
+                info["http"] = f"http://{public}:{port}"
                 self.log.info("http admin listening", http_host=cfg.http_host, http_port=port)
             self.registration = Registration(
                 self.meta, self.bookie_id, cfg.lease_ttl_s,

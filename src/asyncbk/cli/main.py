@@ -165,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=_port,
                    help="serve the HTTP admin endpoint (/metrics, /healthz, /api/v1/bookie/...) "
                    "on this port")
+    p.add_argument("--http-host", help="address of the HTTP admin endpoint (default 127.0.0.1)")
     p.add_argument("--config", help="TOML file of bookie settings (command-line options win)")
     p.add_argument("--autorecovery", action="store_true",
                    help="also run auto-recovery (auditor candidate + replication worker) in "
@@ -232,7 +233,7 @@ def cmd_bookie(args: argparse.Namespace) -> int:
 
     values: dict[str, Any] = load_toml(args.config) if args.config else {}
     for opt in ("metadata_uri", "port", "host", "advertised_host", "journal_dir", "ledger_dir",
-                "http_port"):
+                "http_port", "http_host"):
         v = getattr(args, opt)
         if v is not None:
             values[opt] = v
