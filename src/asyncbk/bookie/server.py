@@ -13,6 +13,7 @@ whatever is left.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -284,6 +285,10 @@ async def run_bookie(config: BookieConfig, ready_line: bool = True,
     try:
         if companion is not None:
             await companion.start()
+        # Everything alive now (modules, the index loaded at start) lives as long as the
+        # process: keep it out of the garbage collector's full passes, which otherwise
+        # walk it all and pause the loop for tens of milliseconds.
+        gc.freeze()
         if ready_line:
             # Machine-readable line that harnesses wait for.
             print(f"ready {server.bookie_id}", flush=True)  # noqa: T201
