@@ -55,6 +55,8 @@ class BookieConfig:
     # garbage collection and compaction (see asyncbk.bookie.gc)
     gc_interval_s: float = 60.0
     gc_drop_ledgers_not_in_ensemble: bool = True
+    gc_tombstone_s: float = 7 * 24 * 3600.0
+    """How long a deleted ledger's adds stay refused (a zombie writer's; 0: not at all)."""
     minor_compaction_threshold: float = 0.2
     minor_compaction_interval_s: float = 3600.0
     major_compaction_threshold: float = 0.8
@@ -101,6 +103,8 @@ class BookieConfig:
                      "major_compaction_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
+        if self.gc_tombstone_s < 0:
+            raise ConfigError("gc_tombstone_s must be >= 0")
         if self.compaction_rate_bytes_per_s < 0:
             raise ConfigError("compaction_rate_bytes_per_s must be >= 0")
         if self.entry_log_flush_bytes < 0:

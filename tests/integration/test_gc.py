@@ -107,3 +107,23 @@ async def test_a_bookie_replaced_in_a_ledger_drops_its_copy(tmp_path: Path) -> N
         assert await status_of(bk, leaving, lh.id) == Status.NO_LEDGER
         rh = await bk.open_ledger(lh.id)
         assert [e.data for e in await rh.read(0, 99)] == [b"e%d" % i for i in range(100)]
+
+
+async def test_a_zombie_writer_cannot_write_to_a_deleted_collected_ledger(tmp_path: Path) -> None:
+    """BookKeeper's TestFencing.testWriteAfterDeleted: after the ledger is deleted
+    and bookies collected it, the old writer's adds fail instead of re-creating it."""
+    from asyncbk.errors import LedgerFencedError
+
+    async with LocalCluster(bookies=3, data_dir=tmp_path / "c", bookie_config=GC_CONFIG) as c:
+        bk = await c.client()
+        lh = await bk.create_ledger(3, 3, 2)
+        assert await lh.append(b"before") == 0
+        other = await c.client()
+        await other.delete_ledger(lh.id)
+        async with aiohttp.ClientSession() as s:
+            for b in c.bookies:
+                assert (await gc(s, b))["deleted"] == 1
+        with pytest.raises(LedgerFencedError):
+            await lh.append(b"after")
+        for b in c.bookies:
+            assert await status_of(bk, b.id, lh.id) == Status.NO_LEDGER  # nothing re-created

@@ -273,3 +273,56 @@ async def test_drain_waits_for_accepted_adds(proc: RequestProcessor) -> None:
         proc.handle(add(i, i), c)
     assert await proc.drain(10)
     assert len(c.responses) == 20
+
+
+async def test_deleted_ledger_refuses_adds_but_not_recovery_adds(tmp_path: Path) -> None:
+    for tombstone_s, refused in ((3600.0, True), (0.0, False)):
+        root = tmp_path / str(tombstone_s)
+        storage = await LedgerStorage.open(root / "j", root / "l",
+                                           BookieConfig(gc_tombstone_s=tombstone_s))
+        p = RequestProcessor(storage, "127.0.0.1:1")
+        p.state = BookieState.WRITABLE
+        c = Conn()
+        try:
+            p.handle(add(1, 0), c)
+            assert (await c.next()).status == Status.OK
+            await storage.delete_ledger(1)
+            if tombstone_s:
+                await asyncio.sleep(0.01)  # past the deletion time, within the retention
+            p.handle(add(2, 1), c)
+            assert (await c.next()).status == (Status.FENCED if refused else Status.OK)
+            if refused:
+                p.handle(add(3, 1, flags=AddFlag.RECOVERY_ADD), c)  # re-replication
+                assert (await c.next()).status == Status.OK
+                p.handle(add(4, 2), c)  # re-created: no tombstone any more
+                assert (await c.next()).status == Status.OK
+        finally:
+            await p.close()
+            await storage.close()
+
+
+async def test_tombstones_survive_restarts(tmp_path: Path) -> None:
+    async def reopen() -> tuple[LedgerStorage, RequestProcessor]:
+        storage = await LedgerStorage.open(tmp_path / "j", tmp_path / "l", BookieConfig())
+        p = RequestProcessor(storage, "127.0.0.1:1")
+        p.state = BookieState.WRITABLE
+        return storage, p
+
+    storage, p = await reopen()
+    c = Conn()
+    for ledger in (1, 2):
+        p.handle(add(ledger, 0, ledger=ledger), c)
+        assert (await c.next()).status == Status.OK
+    await storage.delete_ledger(1)
+    await storage.checkpoint()  # ledger 1's tombstone is in the checkpoint
+    await storage.delete_ledger(2)  # ledger 2's only in the journal
+    await p.close()
+    await storage.abort()
+    storage, p = await reopen()
+    try:
+        for rid, ledger in ((1, 1), (2, 2)):
+            p.handle(add(rid, 5, ledger=ledger), c)
+            assert (await c.next()).status == Status.FENCED, ledger
+    finally:
+        await p.close()
+        await storage.close()

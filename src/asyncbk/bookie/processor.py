@@ -265,6 +265,8 @@ class RequestProcessor:
                 return Status.UNAUTHORIZED
             if info.fenced and not recovery:
                 return Status.FENCED
+        elif not recovery and self.storage.is_deleted(ledger_id):
+            return Status.FENCED  # deleted here: a zombie writer must not re-create it
         return Status.OK
 
     def _apply_backpressure(self, conn: ServerConnection) -> None:

@@ -272,14 +272,27 @@ def _parse_entry_log_name(name: str) -> int | None:
         return None
 
 
-def _apply_op(durable: dict[int, _DurableLedger], kind: int, ledger_id: int, value: Any) -> None:
+class _DurableState(dict[int, _DurableLedger]):
+    """The journaled state of every ledger (writer thread only), and the tombstones
+    of deleted ones: ``{ledger id: deletion time (epoch ms)}``.  A tombstone makes
+    the bookie refuse a deleted ledger's adds (a zombie writer's), as its fence did;
+    it is kept for ``gc_tombstone_s``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tombstones: dict[int, int] = {}
+
+
+def _apply_op(durable: _DurableState, kind: int, ledger_id: int, value: Any) -> None:
     """Apply a non-ADD journal operation to the durable ledger state."""
     if kind == TYPE_LEDGER_KEY:
         if ledger_id not in durable:
             durable[ledger_id] = _DurableLedger(bytes(value))
+        durable.tombstones.pop(ledger_id, None)
         return
     if kind == TYPE_DELETE_LEDGER:
         durable.pop(ledger_id, None)
+        durable.tombstones[ledger_id] = int(time.time() * 1000)
         return
     d = durable.get(ledger_id)
     if d is None:  # cannot happen (LEDGER_KEY is journaled first); keep the op anyway
@@ -505,7 +518,7 @@ class _EntryLogReader:
 @dataclass
 class _Recovered:
     writer: _EntryLogWriter
-    durable: dict[int, _DurableLedger]
+    durable: _DurableState
     ledgers: dict[int, LedgerInfo]
     index: dict[int, LedgerIndex]
     next_seq: int
@@ -530,7 +543,7 @@ def _open_at_length(path: Path, length: int, what: str) -> int:
 
 
 def _replay_file(path: Path, start: int, writer: _EntryLogWriter,
-                 durable: dict[int, _DurableLedger], index: dict[int, LedgerIndex],
+                 durable: _DurableState, index: dict[int, LedgerIndex],
                  stats: dict[str, Any]) -> tuple[int, int]:
     """Replay one journal file from ``start``; returns (good end offset, file size)."""
     with path.open("rb", buffering=0) as fh:
@@ -580,7 +593,7 @@ def _replay_file(path: Path, start: int, writer: _EntryLogWriter,
             # else: an incomplete record (or nothing) so far; read on
 
 
-def _apply_replayed(durable: dict[int, _DurableLedger], record: Record) -> None:
+def _apply_replayed(durable: _DurableState, record: Record) -> None:
     if isinstance(record, LedgerKeyRecord):
         _apply_op(durable, TYPE_LEDGER_KEY, record.ledger_id, record.master_key)
     elif isinstance(record, FenceRecord):
@@ -600,7 +613,7 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
     (ledger_dir / (CHECKPOINT_FILE + ".tmp")).unlink(missing_ok=True)
 
     payload = read_checkpoint(ledger_dir)
-    durable: dict[int, _DurableLedger] = {}
+    durable = _DurableState()
     if payload is None:
         mark = CheckpointMark()
     else:
@@ -609,6 +622,8 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
             entry_log_id=payload["entry_log_id"], entry_log_length=payload["entry_log_length"],
             index_length=payload["index_length"],
         )
+        for ledger_id, deleted_ms in payload.get("tombstones", []):
+            durable.tombstones[ledger_id] = deleted_ms
         for ledger_id, master_key, fenced, lac, explicit_lac in payload["ledgers"]:
             durable[ledger_id] = _DurableLedger(master_key, fenced, explicit_lac, lac)
 
@@ -782,6 +797,8 @@ class LedgerStorage:
         self._read_pool = read_pool
         self._writer = recovered.writer
         self._durable = recovered.durable
+        self._tombstones = dict(recovered.durable.tombstones)
+        """Loop-side copy of the deleted ledgers' tombstones (see _DurableState)."""
         self._ledgers = recovered.ledgers
         self._index = recovered.index
         self._reader = _EntryLogReader(ledger_dir / ENTRYLOG_DIR)
@@ -853,6 +870,17 @@ class LedgerStorage:
     def ledger(self, ledger_id: int) -> LedgerInfo | None:
         return self._ledgers.get(ledger_id)
 
+    def is_deleted(self, ledger_id: int) -> bool:
+        """Whether the ledger was deleted here (garbage collected) within
+        ``gc_tombstone_s``: its adds are refused as they were once it was fenced."""
+        deleted_ms = self._tombstones.get(ledger_id)
+        if deleted_ms is None:
+            return False
+        if time.time() * 1000 - deleted_ms > self._config.gc_tombstone_s * 1000:
+            del self._tombstones[ledger_id]
+            return False
+        return True
+
     def ledger_ids(self) -> list[int]:
         return list(self._ledgers)
 
@@ -894,6 +922,7 @@ class LedgerStorage:
         key = bytes(master_key)
         info = LedgerInfo(master_key=key)
         self._ledgers[ledger_id] = info
+        self._tombstones.pop(ledger_id, None)  # re-created (a recovery add copied it here)
         self._index[ledger_id] = LedgerIndex()
         self._journal.append_unacked(encode_ledger_key(ledger_id, key),
                                      (TYPE_LEDGER_KEY, ledger_id, key))
@@ -1081,6 +1110,7 @@ class LedgerStorage:
         for log_id, _, length in entries.locations() if entries is not None else ():
             live[log_id] -= length
         self._ledgers_deleted += 1
+        self._tombstones[ledger_id] = int(time.time() * 1000)
         return self._journal.append(encode_delete_ledger(ledger_id),
                                     (TYPE_DELETE_LEDGER, ledger_id, None))
 
@@ -1238,6 +1268,10 @@ class LedgerStorage:
             if lac > d.lac:
                 d.lac = lac
             ledgers.append([ledger_id, d.master_key, d.fenced, d.lac, d.explicit_lac])
+        tombstones = self._durable.tombstones
+        expired_before = int(time.time() * 1000 - self._config.gc_tombstone_s * 1000)
+        for ledger_id in [lid for lid, ms in tombstones.items() if ms < expired_before]:
+            del tombstones[ledger_id]
         payload = {
             "version": CHECKPOINT_VERSION,
             "journal_seq": seq,
@@ -1246,6 +1280,7 @@ class LedgerStorage:
             "entry_log_length": writer.length,
             "index_length": writer.index_length,
             "ledgers": ledgers,
+            "tombstones": [[lid, ms] for lid, ms in tombstones.items()],
         }
         return _CheckpointWork(key, payload, writer.take_for_sync())
 

@@ -291,6 +291,9 @@ class SimStorage:
     def ledger(self, ledger_id: int) -> LedgerInfo | None:
         return self._info.get(ledger_id)
 
+    def is_deleted(self, ledger_id: int) -> bool:
+        return False  # the simulator never garbage collects
+
     def _register(self, ledger_id: int, master_key: bytes) -> LedgerInfo:
         info = self._info.get(ledger_id)
         if info is None:
