@@ -35,6 +35,13 @@ def test_seeds(start: int) -> None:
             f"last events:\n{trace}")
 
 
+@pytest.mark.parametrize("seed", [18, 1701, 4867])
+def test_seeds_that_found_bugs(seed: int) -> None:
+    """Seeds beyond the default range that once failed (tests/sim/README.md)."""
+    result = run_simulation(seed)
+    assert result.ok, (result.violations, "\n".join(result.trace[-40:]))
+
+
 def test_same_seed_same_run() -> None:
     for seed in (3, 18, 99):
         a, b = run_simulation(seed), run_simulation(seed)

@@ -538,7 +538,10 @@ class LedgerHandle(ReadHandle):
         ensemble = md.ensembles[-1][1]
         client = self._bk.bookie_client
         timeout_s = self._bk.config.add_timeout_s
-        lac = self._lac
+        # A recovery does not publish its progress as a LAC: a concurrent recoverer may
+        # close the ledger shorter, and readers must never be told of entries past the
+        # end that wins (they trust the bookies' LAC while the ledger looks open).
+        lac = -1 if self._recovery else self._lac
         self._lac_sent = max(self._lac_sent, lac)
         ledger_id, key, flags, entry_id, body = (md.ledger_id, self._master_key,
                                                  self._add_flags, op.entry_id, op.body)
@@ -759,7 +762,8 @@ class LedgerHandle(ReadHandle):
 
     def _schedule_explicit_lac(self) -> None:
         interval_s = self._bk.config.explicit_lac_interval_s
-        if interval_s and self._explicit_lac_handle is None and self._closing is None:
+        if interval_s and self._explicit_lac_handle is None and self._closing is None \
+                and not self._recovery:  # (see _send: a recovery publishes no LAC)
             self._explicit_lac_handle = self._loop.call_later(interval_s, self._send_explicit_lac)
 
     def _send_explicit_lac(self) -> None:
