@@ -295,3 +295,21 @@ async def test_batch_reads_match_single_reads_and_survive_bookie_failures(
             assert [e.data for e in await batched.read(0, 2999)] == payloads
     finally:
         cluster.bookies[0].resume()
+
+
+async def test_a_large_entry_beside_small_ones_stays_within_the_frame_limit(
+        cluster: LocalCluster) -> None:
+    """Adds of one loop turn are batched; a batch must never pass the bookies' frame
+    limit, even when an entry near the limit comes after small ones."""
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 3, 2)
+    big = b"B" * (8 * 1024 * 1024 - 512)  # the largest entry append accepts
+    small = b"s" * 200
+    futures = [lh.append(small) for _ in range(20)]  # all in one loop turn: one batch...
+    futures.append(lh.append(big))  # ...which must not take this one too
+    futures.append(lh.append(small))
+    assert await asyncio.gather(*futures) == list(range(22))
+    assert lh.ensemble_changes == 0  # no bookie closed the connection on an oversized frame
+    await lh.close()
+    rh = await bk.open_ledger(lh.id)
+    assert [len(e.data) for e in await rh.read(0, 21)] == [200] * 20 + [len(big), 200]

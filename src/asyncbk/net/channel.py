@@ -329,8 +329,11 @@ class BookieChannel(asyncio.Protocol):
             while i < len(group):
                 j = i + 1
                 size = len(group[i][5])
+                # A batch never holds more than ADD_BATCH_BYTES_MAX of bodies (unless
+                # it is one entry): an entry near the frame limit goes on its own, or
+                # the batch's frame would pass the bookie's limit.
                 while j < len(group) and j - i < ADD_BATCH_ENTRIES_MAX \
-                        and size < ADD_BATCH_BYTES_MAX:
+                        and size + len(group[j][5]) <= ADD_BATCH_BYTES_MAX:
                     size += len(group[j][5])
                     j += 1
                 rid = next(self._request_ids)
