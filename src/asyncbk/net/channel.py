@@ -68,8 +68,9 @@ def tcp_connector(address_map: dict[BookieId, str] | None = None) -> Connector:
 _SWEEP_INTERVAL_S = 0.05
 
 ADD_BATCH_ENTRIES_MAX = 512
-ADD_BATCH_BYTES_MAX = 1024 * 1024
-"""Adds of one loop turn to one ledger go out as ADD_BATCH frames of at most this much."""
+ADD_BATCH_BYTES_MAX = 2 * 1024 * 1024
+"""Adds of one loop turn to one ledger go out as ADD_BATCH frames of at most this many
+entries and bytes of bodies (and never more than half the frame limit)."""
 
 ADD_OK = AddResponse(0, Status.OK, 0, 0)
 """What an add's callback gets for an OK entry of a batch answer (only its type and
@@ -324,16 +325,17 @@ class BookieChannel(asyncio.Protocol):
                 group.append(add)
         pending = self._pending
         out = self._unsent
+        bytes_max = min(ADD_BATCH_BYTES_MAX, self._frame_bytes_max // 2)
         for (ledger_id, master_key, flags), group in groups.items():
             i = 0
             while i < len(group):
                 j = i + 1
                 size = len(group[i][5])
-                # A batch never holds more than ADD_BATCH_BYTES_MAX of bodies (unless
-                # it is one entry): an entry near the frame limit goes on its own, or
-                # the batch's frame would pass the bookie's limit.
+                # A batch never holds more than bytes_max of bodies (unless it is one
+                # entry): an entry near the frame limit goes on its own, or the
+                # batch's frame would pass the bookie's limit.
                 while j < len(group) and j - i < ADD_BATCH_ENTRIES_MAX \
-                        and size + len(group[j][5]) <= ADD_BATCH_BYTES_MAX:
+                        and size + len(group[j][5]) <= bytes_max:
                     size += len(group[j][5])
                     j += 1
                 rid = next(self._request_ids)
