@@ -73,3 +73,27 @@ class ManualClock:
 
 SYSTEM_CLOCK = SystemClock()
 LOOP_CLOCK = LoopClock()
+
+
+class RateLimiter:
+    """A token bucket of ``rate_per_s`` units a second (entries, bytes...); 0 means no
+    limit.  ``await acquire(n)`` takes ``n`` units; a request larger than what is in
+    the bucket runs at once and is paid back by sleeping, so a large chunk (4 MiB
+    read by compaction) is paced instead of refused."""
+
+    def __init__(self, rate_per_s: float, burst: float | None = None) -> None:
+        self.rate = rate_per_s
+        self.burst = burst if burst is not None else max(1.0, rate_per_s / 10)
+        self._tokens = self.burst
+        self._last = time.monotonic()
+
+    async def acquire(self, amount: float = 1.0) -> None:
+        if self.rate <= 0:
+            return
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        self._tokens -= amount
+        if self._tokens < 0:
+            await asyncio.sleep(-self._tokens / self.rate)
+

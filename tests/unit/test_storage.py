@@ -823,7 +823,7 @@ async def test_compaction_reclaims_space_while_adds_and_reads_go_on(tmp_path: Pa
         await s.checkpoint()
         for lid in (1, 2, 3):
             await s.delete_ledger(lid)
-        usage = s.entry_log_usage()
+        usage = await s.entry_log_usage()
         assert len(usage) >= 3
         assert all(live < total / 2 for live, total in usage.values())
         before = _entrylog_bytes(tmp_path)
@@ -847,7 +847,7 @@ async def test_compaction_reclaims_space_while_adds_and_reads_go_on(tmp_path: Pa
         assert freed >= 0.6 * compacted, (freed, compacted)  # about 3/4 of it was dead
         written = sum(len(body(5, e)) + 29 for e in range(300))  # ledger 5, meanwhile
         assert after <= before - freed + written, (before, after, freed, written)
-        assert not set(usage) & set(s.entry_log_usage())  # those logs are gone
+        assert not set(usage) & set(await s.entry_log_usage())  # those logs are gone
         for lid, n in ((4, 150), (5, 300)):
             assert await s.read_entries(lid, 0, 1000, 1 << 30) == [body(lid, e) for e in range(n)]
         assert s.statistics()["compactions"] == len(usage)

@@ -16,10 +16,10 @@ import time
 from collections.abc import Iterator
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import CollectorRegistry, Metric
+from prometheus_client.core import Metric
 
 from ..errors import BKError
+from ..net.http import AdminHttp
 from ..stats import MetricFamilies
 from .service import AUDITOR_LOCK, AutoRecovery
 
@@ -89,33 +89,17 @@ class AutoRecoveryHttpServer:
     """The HTTP endpoint of a stand-alone auto-recovery process."""
 
     def __init__(self, ar: AutoRecovery, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(AutoRecoveryCollector(ar))
-
         async def healthz(request: web.Request) -> web.Response:
             return web.Response(text="ok\n")
 
-        async def metrics(request: web.Request) -> web.Response:
-            return web.Response(body=generate_latest(self.registry),
-                                headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-        app = web.Application(client_max_size=64 * 1024)
-        app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics),
-                        *routes(ar)])
-        self._runner = web.AppRunner(app, access_log=None)
+        self._http = AdminHttp(host, port, [web.get("/healthz", healthz), *routes(ar)],
+                               [AutoRecoveryCollector(ar)])
 
     async def start(self) -> int:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        sockets = getattr(getattr(site, "_server", None), "sockets", None) or []
-        if sockets:
-            self.port = sockets[0].getsockname()[1]
-        return self.port
+        return await self._http.start()
 
     async def close(self) -> None:
-        await self._runner.cleanup()
+        await self._http.close()
 
 
 __all__ = ["AutoRecoveryCollector", "AutoRecoveryHttpServer", "routes"]

@@ -22,11 +22,11 @@ of the other's.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..clock import RateLimiter
 from ..errors import (
     BKError,
     BookieUnavailableError,
@@ -46,28 +46,6 @@ COPY_WINDOW = 64
 """Entries being copied at once, per fragment."""
 
 _log = get_logger(component="replication")
-
-
-class RateLimiter:
-    """A token bucket: ``await acquire()`` at most ``rate`` times a second (0: no limit)."""
-
-    def __init__(self, rate_per_s: float, burst: float | None = None) -> None:
-        self.rate = rate_per_s
-        self.burst = burst if burst is not None else max(1.0, rate_per_s / 10)
-        self._tokens = self.burst
-        self._last = time.monotonic()
-
-    async def acquire(self) -> None:
-        if self.rate <= 0:
-            return
-        while True:
-            now = time.monotonic()
-            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
-            self._last = now
-            if self._tokens >= 1:
-                self._tokens -= 1
-                return
-            await asyncio.sleep((1 - self._tokens) / self.rate)
 
 
 @dataclass

@@ -35,14 +35,9 @@ from typing import Any
 from ..errors import BKError, MetadataError, NoSuchLedgerError
 from ..log import get_logger
 from ..meta.api import MetadataStore, UnderReplicated
+from ..meta.keys import AUDITOR_LOCK, ledger_lock
 from ..types import BookieId
 from .replication import RateLimiter, ReplicationStats, needs_recovery_first, replicate_ledger
-
-AUDITOR_LOCK = "auditor"
-
-
-def ledger_lock(ledger_id: int) -> str:
-    return f"ledger-{ledger_id}"
 
 
 @dataclass(frozen=True)

@@ -28,15 +28,11 @@ from typing import Any
 from ..config import BookieConfig
 from ..errors import BKError, MetadataError, NoSuchLedgerError
 from ..meta.api import MetadataStore
+from ..meta.keys import ledger_lock
 from .storage import LedgerStorage
 
 COMPACTION_BATCH_LOGS = 16
 """Entry logs compacted together (their moves made durable by one checkpoint)."""
-
-
-def ledger_lock(ledger_id: int) -> str:
-    """The lock replication workers hold on a ledger (see asyncbk.autorecovery)."""
-    return f"ledger-{ledger_id}"
 
 
 class GarbageCollector:
@@ -134,7 +130,7 @@ class GarbageCollector:
             threshold, self._last_minor = cfg.minor_compaction_threshold, now
         if threshold <= 0:
             return 0
-        chosen = [log_id for log_id, (live, total) in sorted(self.storage.entry_log_usage().items())
+        chosen = [log_id for log_id, (live, total) in sorted((await self.storage.entry_log_usage()).items())
                   if total and live / total < threshold]
         freed = 0
         for i in range(0, len(chosen), COMPACTION_BATCH_LOGS):  # one checkpoint per batch
@@ -148,4 +144,4 @@ class GarbageCollector:
                 "bytes_freed": self.bytes_freed, "last_run_s": self.last_run_s}
 
 
-__all__ = ["GarbageCollector", "ledger_lock"]
+__all__ = ["GarbageCollector"]

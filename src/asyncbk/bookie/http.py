@@ -23,9 +23,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import (
-    CollectorRegistry,
     CounterMetricFamily,
     GaugeMetricFamily,
     Metric,
@@ -33,6 +31,7 @@ from prometheus_client.core import (
 
 from .._version import __version__
 from ..errors import BKError
+from ..net.http import AdminHttp
 from ..stats import MetricFamilies
 from .processor import BookieState
 
@@ -130,37 +129,25 @@ class AdminHttpServer:
                  extra_routes: Sequence[web.RouteDef] = (),
                  extra_collectors: Sequence[Any] = ()) -> None:
         self.bookie = bookie
-        self.host = host
-        self.port = port
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(BookieCollector(bookie))
-        for collector in extra_collectors:  # e.g. auto-recovery running in this process
-            self.registry.register(collector)
-        app = web.Application(client_max_size=64 * 1024)
-        app.add_routes([
+        self._http = AdminHttp(host, port, [
             web.get("/healthz", self.healthz),
-            web.get("/metrics", self.metrics),
             web.get("/api/v1/bookie/info", self.info),
             web.get("/api/v1/bookie/state", self.get_state),
             web.put("/api/v1/bookie/state", self.put_state),
             web.put("/api/v1/bookie/gc", self.run_gc),
             web.get("/api/v1/bookie/gc", self.gc_status),
             *extra_routes,
-        ])
-        self._runner = web.AppRunner(app, access_log=None)
+        ], [BookieCollector(bookie), *extra_collectors])  # extra: auto-recovery in-process
+
+    @property
+    def port(self) -> int:
+        return self._http.port
 
     async def start(self) -> int:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        if sockets:
-            self.port = sockets[0].getsockname()[1]
-        return self.port
+        return await self._http.start()
 
     async def close(self) -> None:
-        await self._runner.cleanup()
+        await self._http.close()
 
     # ------------------------------------------------------------------ routes
 
@@ -173,10 +160,6 @@ class AdminHttpServer:
         if state in SERVING_STATES:
             return web.Response(text="ok\n")
         return web.Response(status=503, text=f"not serving: {state.value}\n")
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def info(self, request: web.Request) -> web.Response:
         b = self.bookie

@@ -158,9 +158,7 @@ class RequestProcessor:
             self._notify_lac(req.ledger_id)
 
         def done(f: asyncio.Future[None]) -> None:
-            self._inflight_adds -= 1
-            if self._inflight_adds == 0:
-                self._drained.set()
+            self._add_answered()
             ok = not f.cancelled() and f.exception() is None
             if not ok:
                 counters["add_errors"] += 1
@@ -201,9 +199,7 @@ class RequestProcessor:
                     self.add_latency.observe(loop.time() - started, accepted)
 
         def done(index: int, f: asyncio.Future[None]) -> None:
-            self._inflight_adds -= 1
-            if self._inflight_adds == 0:
-                self._drained.set()
+            self._add_answered()
             if f.cancelled() or f.exception() is not None:
                 statuses[index] = Status.IO_ERROR
                 counters["add_errors"] += 1
@@ -240,6 +236,12 @@ class RequestProcessor:
             finish_one()
         if storage.journal_queue_entries >= self._queue_high:
             self._apply_backpressure(conn)
+
+    def _add_answered(self) -> None:
+        """An accepted add was journaled (or failed): ``drain`` may be waiting for zero."""
+        self._inflight_adds -= 1
+        if self._inflight_adds == 0:
+            self._drained.set()
 
     def _check_add(self, req: AddRequest) -> Status:
         if req.entry_id < 0:

@@ -75,7 +75,7 @@ from typing import Any
 import msgpack
 import xxhash
 
-from ..clock import SYSTEM_CLOCK, Clock
+from ..clock import SYSTEM_CLOCK, Clock, RateLimiter
 from ..config import BookieConfig
 from ..errors import BadRequestError, BookieIOError, NoSuchEntryError, NoSuchLedgerError
 from ..log import get_logger
@@ -726,20 +726,13 @@ COMPACTION_READ_GRACE_S = 0.5
 """After moving a log's entries, how long reads that already looked up the old place get."""
 
 
-class _Pacer:
-    """Sleeps so that ``advance``d bytes do not run ahead of ``rate`` bytes a second."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.done = 0
-        self.t0 = time.monotonic()
-
-    async def advance(self, nbytes: int) -> None:
-        self.done += nbytes
-        if self.rate > 0:
-            ahead_s = self.done / self.rate - (time.monotonic() - self.t0)
-            if ahead_s > 0:
-                await asyncio.sleep(ahead_s)
+def _entry_log_sizes(directory: Path) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for entry in os.scandir(directory):
+        log_id = _parse_entry_log_name(entry.name)
+        if log_id is not None:
+            out[log_id] = entry.stat().st_size
+    return out
 
 
 def _pread_path(path: Path, length: int, offset: int) -> bytes:
@@ -1071,16 +1064,10 @@ class LedgerStorage:
         """Loop, before the batch's futures resolve: make the new entries readable."""
         index = self._index
         ledgers = self._ledgers
-        flush_bytes = self._config.entry_log_flush_bytes
-        if flush_bytes and result:
-            self._unflushed_bytes += sum(loc[2] for _, _, loc in result)
-            if self._unflushed_bytes >= flush_bytes and self._flush_task is None \
-                    and not self._closed:
-                self._unflushed_bytes = 0
-                self._flush_task = asyncio.get_running_loop().create_task(
-                    self._flush_entry_logs(), name="asyncbk-entrylog-flush")
         live = self._log_live
+        written = 0
         for ledger_id, entry_id, loc in result:
+            written += loc[2]
             info = ledgers.get(ledger_id)
             if info is None:
                 continue  # deleted while its add was being written: the copy is garbage
@@ -1093,6 +1080,14 @@ class LedgerStorage:
                 live[old[0]] -= old[2]
             if entry_id > info.last_entry_id:
                 info.last_entry_id = entry_id
+        flush_bytes = self._config.entry_log_flush_bytes
+        if flush_bytes and written:
+            self._unflushed_bytes += written
+            if self._unflushed_bytes >= flush_bytes and self._flush_task is None \
+                    and not self._closed:
+                self._unflushed_bytes = 0
+                self._flush_task = asyncio.get_running_loop().create_task(
+                    self._flush_entry_logs(), name="asyncbk-entrylog-flush")
 
     # --- deletion and compaction ----------------------------------------------
 
@@ -1114,17 +1109,15 @@ class LedgerStorage:
         return self._journal.append(encode_delete_ledger(ledger_id),
                                     (TYPE_DELETE_LEDGER, ledger_id, None))
 
-    def entry_log_usage(self) -> dict[int, tuple[int, int]]:
+    async def entry_log_usage(self) -> dict[int, tuple[int, int]]:
         """``{log id: (live bytes, file bytes)}`` of every finished entry log (not the
-        one being written)."""
+        one being written).  The directory is listed off the event loop."""
         current = self._writer.log_id
-        out: dict[int, tuple[int, int]] = {}
-        for entry in os.scandir(self._ledger_dir / ENTRYLOG_DIR):
-            log_id = _parse_entry_log_name(entry.name)
-            if log_id is None or log_id >= current:
-                continue
-            out[log_id] = (max(0, self._log_live.get(log_id, 0)), entry.stat().st_size)
-        return out
+        sizes = await asyncio.get_running_loop().run_in_executor(
+            self._read_pool, _entry_log_sizes, self._ledger_dir / ENTRYLOG_DIR)
+        live = self._log_live
+        return {log_id: (max(0, live.get(log_id, 0)), size)
+                for log_id, size in sizes.items() if log_id < current}
 
     async def compact_entry_log(self, log_id: int, rate_bytes_per_s: float = 0.0) -> int:
         """:meth:`compact_entry_logs` of one log."""
@@ -1142,7 +1135,7 @@ class LedgerStorage:
         loop = asyncio.get_running_loop()
         sizes: dict[int, int] = {}
         moved = 0
-        pacer = _Pacer(rate_bytes_per_s)
+        pacer = RateLimiter(rate_bytes_per_s, burst=COMPACTION_CHUNK_BYTES)
         for log_id in log_ids:
             path = self._ledger_dir / ENTRYLOG_DIR / entry_log_name(log_id)
             sizes[log_id] = (await loop.run_in_executor(self._read_pool, os.stat, path)).st_size
@@ -1165,7 +1158,7 @@ class LedgerStorage:
         return total - moved
 
     async def _move_live_entries(self, log_id: int, path: Path, size: int,
-                                 pacer: _Pacer) -> int:
+                                 pacer: RateLimiter) -> int:
         loop = asyncio.get_running_loop()
         offset = 0
         moved = 0
@@ -1198,7 +1191,7 @@ class LedgerStorage:
                 self._relocate(olds, result)
                 moved += sum(len(r) for r in raws)
             offset += good
-            await pacer.advance(good)
+            await pacer.acquire(good)
         return moved
 
     def _relocate(self, olds: list[Location], result: list[tuple[int, int, Location]]) -> None:

@@ -35,8 +35,9 @@ import os
 import platform
 import resource
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import aiofiles
@@ -532,14 +533,6 @@ def _validate(args: argparse.Namespace) -> None:
             raise CliError("--plot needs matplotlib: pip install 'asyncbk[bench]'") from None
 
 
-@contextlib.contextmanager
-def _tempdir() -> Iterator[str]:
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="asyncbk-bench-") as d:
-        yield d
-
-
 async def run_bench(args: argparse.Namespace) -> int:
     """``asyncbk bench write|read``: see the module docstring."""
     if getattr(args, "worker_out", None):
@@ -569,7 +562,7 @@ async def run_bench(args: argparse.Namespace) -> int:
             args.ledger_ids = ledger_ids
         monitor.start()
         if args.clients > 1:
-            with _tempdir() as workdir:
+            with tempfile.TemporaryDirectory(prefix="asyncbk-bench-") as workdir:
                 rec, client_cpu_s = await _run_processes(args, metadata_uri, ledger_ids, workdir)
         else:
             rec = Recorder(args.entry_size)

@@ -139,12 +139,6 @@ def _progress(prefix: str) -> Callable[[int, int], None]:
 LOCK_LEASE_TTL_S = 30
 
 
-async def _keep_lease(bk: Any, lease_id: int) -> None:
-    while True:
-        await asyncio.sleep(LOCK_LEASE_TTL_S / 3)
-        await bk.meta.keepalive_lease(lease_id)
-
-
 async def _recover_one(bk: Any, md: Any, bookie: str, available: set[str], writable: list[str],
                        limiter: Any, stats: Any, dry_run: bool, skip_open: bool) -> bool:
     from ..autorecovery.replication import needs_recovery_first, replicate_ledger
@@ -174,7 +168,9 @@ async def _recover_one(bk: Any, md: Any, bookie: str, available: set[str], writa
 async def _recover(bk: Any, bookie: str, rate: float, dry_run: bool, skip_open: bool) -> int:
     """Copy every fragment on ``bookie`` elsewhere; returns the number of problems."""
     from ..autorecovery.replication import RateLimiter, ReplicationStats
-    from ..autorecovery.service import ledger_lock
+    from ..autorecovery.service import LeaseKeeper
+    from ..log import get_logger
+    from ..meta.keys import ledger_lock
 
     view = await bk.meta.list_bookies()
     available = set(view) - {bookie}
@@ -189,13 +185,16 @@ async def _recover(bk: Any, bookie: str, rate: float, dry_run: bool, skip_open: 
         if bookie in md.all_bookies():
             todo.append(md)
     print(f"{len(todo)} of {len(ledgers)} ledgers have a fragment on {bookie}")
-    lease_id = await bk.meta.grant_lease(LOCK_LEASE_TTL_S) if todo and not dry_run else None
-    keeper = asyncio.create_task(_keep_lease(bk, lease_id)) if lease_id is not None else None
+    # Each ledger is copied under its lock, bound to a lease kept alive for the run.
+    keeper = LeaseKeeper(bk.meta, LOCK_LEASE_TTL_S, get_logger(component="shell-recover"))
+    keeping = asyncio.create_task(keeper.run()) if todo and not dry_run else None
     owner = f"shell-recover-{os.getpid()}"
     try:
         for md in todo:
             lock = ledger_lock(md.ledger_id)
-            if lease_id is not None:
+            if keeping is not None:
+                async with asyncio.timeout(bk.config.metadata_timeout_s):
+                    lease_id = await keeper.ready()
                 holder = await bk.meta.acquire_lock(lock, owner, lease_id)
                 if holder != owner:  # an auto-recovery worker (or GC) is on it
                     problems += 1
@@ -205,14 +204,14 @@ async def _recover(bk: Any, bookie: str, rate: float, dry_run: bool, skip_open: 
                 problems += not await _recover_one(bk, md, bookie, available, writable,
                                                    limiter, stats, dry_run, skip_open)
             finally:
-                if lease_id is not None:
+                if keeping is not None:
                     await bk.meta.release_lock(lock, owner)
     finally:
-        if keeper is not None:
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
-        if lease_id is not None:
-            await bk.meta.revoke_lease(lease_id)
+        if keeping is not None:
+            keeping.cancel()
+            await asyncio.gather(keeping, return_exceptions=True)
+        if keeper.lease_id is not None:
+            await bk.meta.revoke_lease(keeper.lease_id)
     if not dry_run:
         print(f"done: {stats.fragments} fragments, {stats.entries} entries, {stats.bytes} bytes "
               f"copied; {problems} ledger(s) failed")

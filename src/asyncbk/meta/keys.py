@@ -96,6 +96,16 @@ def lock(root: str, name: str) -> str:
     return f"{root}/underreplication/locks/{name}"
 
 
+AUDITOR_LOCK = "auditor"
+"""The lock whose holder is the elected auto-recovery auditor."""
+
+
+def ledger_lock(ledger_id: int) -> str:
+    """The lock on one ledger held by whoever changes where its replicas are: replication
+    workers, ``shell recover``, and a bookie's GC dropping a copy it no longer owns."""
+    return f"ledger-{ledger_id}"
+
+
 def prefix_end(prefix: str) -> str:
     """The first key after every key starting with ``prefix`` (for range scans)."""
     b = bytearray(prefix.encode())
