@@ -141,3 +141,36 @@ async def test_killing_the_auditor_moves_the_role(cluster: LocalCluster) -> None
     async with aiohttp.ClientSession() as s, s.get(
             f"{other.http_url}/api/v1/autorecovery/auditor") as r:
         assert await r.json() == {"auditor": other.id}
+
+
+async def test_no_spare_bookie_is_reported_and_healed_once_one_joins(
+        cluster: LocalCluster) -> None:
+    """With every bookie in the ensemble there is no replacement: the worker says so
+    (status and metrics), keeps the mark, loses nothing, and heals once a bookie joins."""
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 2, 2)
+    data = [b"d%d" % i for i in range(200)]
+    await asyncio.gather(*(lh.append(d) for d in data))
+    await lh.close()
+    ar = await cluster.start_autorecovery(**FAST)
+    victim = cluster.bookies[0]
+    victim.kill()
+    async with aiohttp.ClientSession() as s:
+        async with asyncio.timeout(60):
+            while True:
+                async with s.get(f"{ar.http_url}/api/v1/autorecovery/status") as r:
+                    status = await r.json()
+                if status["errors"]:
+                    break
+                await asyncio.sleep(0.5)
+        assert "start more bookies" in status["last_error"]
+        assert [m.ledger_id for m in await bk.meta.list_underreplicated()] == [lh.id]
+        await cluster.add_bookie()
+        async with asyncio.timeout(60):
+            while await bk.meta.list_underreplicated():  # noqa: ASYNC110 - polling etcd
+                await asyncio.sleep(0.5)
+    md = await bk.ledger_metadata(lh.id)
+    assert victim.id not in md.all_bookies()
+    assert await stored_everywhere(bk, md)
+    rh = await (await cluster.client()).open_ledger(lh.id)
+    assert [e.data for e in await rh.read(0, 199)] == data
