@@ -79,21 +79,24 @@ class RateLimiter:
     """A token bucket of ``rate_per_s`` units a second (entries, bytes...); 0 means no
     limit.  ``await acquire(n)`` takes ``n`` units; a request larger than what is in
     the bucket runs at once and is paid back by sleeping, so a large chunk (4 MiB
-    read by compaction) is paced instead of refused."""
+    read by compaction) is paced instead of refused.  Time (refill and the sleeps)
+    comes from ``clock``; the bucket starts full at the first ``acquire``."""
 
-    def __init__(self, rate_per_s: float, burst: float | None = None) -> None:
+    def __init__(self, rate_per_s: float, burst: float | None = None, *,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.rate = rate_per_s
         self.burst = burst if burst is not None else max(1.0, rate_per_s / 10)
+        self.clock = clock
         self._tokens = self.burst
-        self._last = time.monotonic()
+        self._last: float | None = None
 
     async def acquire(self, amount: float = 1.0) -> None:
         if self.rate <= 0:
             return
-        now = time.monotonic()
-        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        now = self.clock.monotonic_s()
+        if self._last is not None:
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
         self._last = now
         self._tokens -= amount
         if self._tokens < 0:
-            await asyncio.sleep(-self._tokens / self.rate)
-
+            await self.clock.sleep(-self._tokens / self.rate)

@@ -876,3 +876,47 @@ def test_ledger_index_absorbs_thousands_of_sparse_entries_without_recursion() ->
         index.put(e, (0, e, 5))
     assert not index._sparse and len(index) == first + 20_000
     assert index.get(first + 19_999) == (1, first + 19_999, 7) and index.get(0) == (0, 0, 5)
+
+
+# --- time from the injected clock ---------------------------------------------------
+
+
+async def test_tombstones_age_on_the_injected_clock(tmp_path: Path) -> None:
+    clock = ManualClock(start_s=1_000_000.0)
+    s = await open_storage(tmp_path, clock=clock, gc_tombstone_s=100.0)
+    try:
+        await add_all(s, 1, range(3))
+        await add_all(s, 2, range(3))
+        await s.delete_ledger(1)
+        await s.checkpoint()
+        payload = read_checkpoint(tmp_path / "ledgers")
+        assert payload is not None and payload["tombstones"] == [[1, 1_000_000_000]]
+        clock.advance(99.0)
+        assert s.is_deleted(1)  # 99 s on the clock: still refused
+        clock.advance(1.0)
+        assert not s.is_deleted(1)  # gc_tombstone_s on the clock: expired
+        await add_all(s, 2, range(3, 4))  # something new, so the checkpoint is written
+        await s.checkpoint()
+        payload = read_checkpoint(tmp_path / "ledgers")
+        assert payload is not None and payload["tombstones"] == []  # expired there too
+    finally:
+        await s.close()
+
+
+async def test_a_replayed_deletion_is_dated_by_the_injected_clock(tmp_path: Path) -> None:
+    clock = ManualClock(start_s=1_000_000.0)
+    s = await open_storage(tmp_path, clock=clock, gc_tombstone_s=100.0)
+    await add_all(s, 1, range(3))
+    await s.checkpoint()
+    await s.delete_ledger(1)
+    await s.abort()  # only the journal knows of the deletion
+    clock.advance(500.0)  # the restart comes later: the record carries no time
+    s = await open_storage(tmp_path, clock=clock, gc_tombstone_s=100.0)
+    try:
+        assert s.ledger_ids() == [] and s.is_deleted(1)
+        clock.advance(99.0)
+        assert s.is_deleted(1)  # counted from the replay, on the clock
+        clock.advance(1.0)
+        assert not s.is_deleted(1)
+    finally:
+        await s.close()

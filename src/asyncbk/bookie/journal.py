@@ -107,6 +107,8 @@ def shrink_then_unlink(path: Path, step: int = DELETE_STEP_BYTES, pause_s: float
         while size > step:
             size -= step
             os.ftruncate(fd, size)
+            # A worker thread (never the loop) letting the real disk breathe: not
+            # behaviour in time, so not the injected clock.
             time.sleep(pause_s)
     finally:
         os.close(fd)
@@ -545,6 +547,7 @@ class Journal:
                 self._close_file()
                 self._open_file(self._seq + 1)
             buf = records[0] if len(records) == 1 else b"".join(records)
+            # performance timers: only reported (write and fsync latency statistics)
             t0 = time.perf_counter()
             write_all(self._fd, buf)
             t1 = time.perf_counter()

@@ -15,8 +15,9 @@ On disk
     checksum, type, ledger id, entry id, body), so every read is verified by
     the same checksum.  Appended by the journal's writer thread in the same
     batch as the journal write, *not* fsynced per batch (the journal already
-    made the batch durable); a new log starts past ``entry_log_bytes_max``
-    (the old one is fsynced and closed then).
+    made the batch durable); a new log starts before a record would pass
+    ``entry_log_bytes_max``.  Logs are fsynced off the writer thread: in the
+    background every ``entry_log_flush_bytes`` and at checkpoints.
 ``ledger_dir/index.log``
     Append-only, fixed 32-byte records ``<qqIQI``: ledger id, entry id, entry
     log id, record offset, record length; written in the same batch.  Loaded
@@ -26,16 +27,20 @@ On disk
 ``ledger_dir/checkpoint``
     8-byte xxh3_64 of the rest, then a msgpack map: the *mark* (journal seq
     and offset after the last batch covered, entry log id and length, index
-    length) and every ledger's state (master key, fenced, LAC, explicit LAC).
-    Replaced atomically (tmp file, fsync, rename, fsync dir).
+    length), every ledger's state (master key, fenced, LAC, explicit LAC) and
+    the tombstones of deleted ledgers.  ``version`` is
+    :data:`CHECKPOINT_VERSION`; another version stops the bookie.  Replaced
+    atomically (tmp file, fsync, rename, fsync dir).
 
-Checkpoint (every ``checkpoint_interval_s`` and on close) runs on the
-journal's writer thread, so it is ordered after every batch written so far:
-fsync the current entry log and index.log, snapshot the ledger state that
-those batches produced (the writer thread keeps its own copy of keys, fence
-flags and explicit LACs, updated per batch, so the snapshot is exactly the
-state of the journal prefix it covers), write the checkpoint, then delete the
-journal files wholly before the mark.
+Checkpoint (every ``checkpoint_interval_s``, at start, after a compaction and
+on close): its first step runs on the journal's writer thread, so it is
+ordered after every batch written so far: note the journal position and the
+entry log and index lengths, and snapshot the ledger state those batches
+produced (the writer thread keeps its own copy of keys, fence flags and
+explicit LACs, updated per batch, so the snapshot is exactly the state of the
+journal prefix it covers).  Then, on another thread while adds go on: fsync
+the entry logs and index.log, write the checkpoint, delete the journal files
+wholly before the mark.
 
 Recovery (:meth:`LedgerStorage.open`): read the checkpoint; truncate
 index.log and the current entry log to the marked lengths and delete newer
@@ -47,15 +52,30 @@ truncated, later journal files removed); start the journal on a fresh file
 and take a checkpoint.  Every step is idempotent, so a crash during recovery
 is recovered by the next start.
 
-What survives a crash: every acknowledged add, fence and explicit LAC, and
-possibly some unacknowledged ones (a prefix of the journal).  The
-piggybacked LAC (:meth:`LedgerStorage.update_lac`) is persisted only at
+Deletion and compaction (driven by :mod:`.gc`): :meth:`LedgerStorage.delete_ledger`
+forgets a ledger at once (unreadable, its index dropped) and journals a
+DELETE_LEDGER record, so replay and later checkpoints forget it too; the
+ledger leaves a *tombstone* (its deletion time, in epoch ms from the storage's
+clock, kept in checkpoints) for ``gc_tombstone_s``, during which adds to it
+are refused as if it were fenced.  :meth:`LedgerStorage.compact_entry_logs`
+copies the still-indexed records of finished entry logs verbatim into the
+current log (through the journal's writer thread, paced by
+``compaction_rate_bytes_per_s``), takes a checkpoint so the copies are
+durable, and then deletes the old logs.
+
+What survives a crash: every acknowledged add, fence, explicit LAC and
+deletion, and possibly some unacknowledged ones (a prefix of the journal).
+The piggybacked LAC (:meth:`LedgerStorage.update_lac`) is persisted only at
 checkpoints: after a crash it may be older, which only delays readers.
 
-Limits (deliberate, for now): the index is an in-memory dict per ledger, so
-memory is O(entries stored) (~100 bytes each) and start-up reads all of
-index.log; entry logs and index.log are never compacted or garbage-collected
-(no ledger deletion yet).
+Time (tombstone ages, the housekeeping and compaction sleeps, compaction
+pacing) comes from the injected :class:`~asyncbk.clock.Clock`.
+
+Limits (deliberate, for now): the index is in memory (:class:`LedgerIndex`,
+about 12 bytes per stored entry) and start-up reads all of index.log;
+index.log is append-only: compaction does not rewrite it, so records of
+moved and deleted entries stay in it and are superseded (a later record for
+the same entry wins) or dropped (the ledger is gone) when it is loaded.
 """
 
 from __future__ import annotations
@@ -284,7 +304,9 @@ class _DurableState(dict[int, _DurableLedger]):
 
 
 def _apply_op(durable: _DurableState, kind: int, ledger_id: int, value: Any) -> None:
-    """Apply a non-ADD journal operation to the durable ledger state."""
+    """Apply a non-ADD journal operation to the durable ledger state.  ``value``: the
+    master key (LEDGER_KEY), the LAC (EXPLICIT_LAC), the deletion time in epoch ms
+    from the storage's clock (DELETE_LEDGER), else None."""
     if kind == TYPE_LEDGER_KEY:
         if ledger_id not in durable:
             durable[ledger_id] = _DurableLedger(bytes(value))
@@ -292,7 +314,7 @@ def _apply_op(durable: _DurableState, kind: int, ledger_id: int, value: Any) -> 
         return
     if kind == TYPE_DELETE_LEDGER:
         durable.pop(ledger_id, None)
-        durable.tombstones[ledger_id] = int(time.time() * 1000)
+        durable.tombstones[ledger_id] = int(value)
         return
     d = durable.get(ledger_id)
     if d is None:  # cannot happen (LEDGER_KEY is journaled first); keep the op anyway
@@ -544,7 +566,7 @@ def _open_at_length(path: Path, length: int, what: str) -> int:
 
 def _replay_file(path: Path, start: int, writer: _EntryLogWriter,
                  durable: _DurableState, index: dict[int, LedgerIndex],
-                 stats: dict[str, Any]) -> tuple[int, int]:
+                 stats: dict[str, Any], now_ms: int) -> tuple[int, int]:
     """Replay one journal file from ``start``; returns (good end offset, file size)."""
     with path.open("rb", buffering=0) as fh:
         size = os.fstat(fh.fileno()).st_size
@@ -573,7 +595,7 @@ def _replay_file(path: Path, start: int, writer: _EntryLogWriter,
                         raws.append(view[off:end])
                         items.append((TYPE_ADD, record.ledger_id, record.entry_id))
                     else:
-                        _apply_replayed(durable, record)
+                        _apply_replayed(durable, record, now_ms)
                 for ledger_id, entry_id, loc in writer.append(raws, items):
                     entries = index.get(ledger_id)
                     if entries is None:
@@ -593,7 +615,9 @@ def _replay_file(path: Path, start: int, writer: _EntryLogWriter,
             # else: an incomplete record (or nothing) so far; read on
 
 
-def _apply_replayed(durable: _DurableState, record: Record) -> None:
+def _apply_replayed(durable: _DurableState, record: Record, now_ms: int) -> None:
+    """``now_ms``: the deletion time given to a replayed DELETE_LEDGER (the record
+    carries none, so its tombstone counts from the restart: kept longer, never less)."""
     if isinstance(record, LedgerKeyRecord):
         _apply_op(durable, TYPE_LEDGER_KEY, record.ledger_id, record.master_key)
     elif isinstance(record, FenceRecord):
@@ -601,12 +625,14 @@ def _apply_replayed(durable: _DurableState, record: Record) -> None:
     elif isinstance(record, ExplicitLacRecord):
         _apply_op(durable, TYPE_EXPLICIT_LAC, record.ledger_id, record.lac)
     elif isinstance(record, DeleteLedgerRecord):
-        _apply_op(durable, TYPE_DELETE_LEDGER, record.ledger_id, None)
+        _apply_op(durable, TYPE_DELETE_LEDGER, record.ledger_id, now_ms)
 
 
-def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any) -> _Recovered:
-    """Everything :meth:`LedgerStorage.open` does before the journal starts (a thread)."""
-    t0 = time.perf_counter()
+def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any,
+             now_ms: int) -> _Recovered:
+    """Everything :meth:`LedgerStorage.open` does before the journal starts (a thread).
+    ``now_ms``: the clock's wall time, for the tombstones of replayed deletions."""
+    t0 = time.perf_counter()  # performance timer: only reported (recovery_s)
     entrylog_dir = ledger_dir / ENTRYLOG_DIR
     for directory in (journal_dir, ledger_dir, entrylog_dir):
         directory.mkdir(parents=True, exist_ok=True)
@@ -686,7 +712,7 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
                 removed_any = True
                 continue
             start = mark.journal_offset if seq == mark.journal_seq else 0
-            good, size = _replay_file(path, start, writer, durable, index, stats)
+            good, size = _replay_file(path, start, writer, durable, index, stats, now_ms)
             stats["journal_files_replayed"] += 1
             prev_seq = seq
             if good < size:
@@ -762,6 +788,11 @@ def _sync_and_close(fds: list[int]) -> None:
             os.close(fd)
 
 
+def _wall_ms(clock: Clock) -> int:
+    """The clock's wall time in epoch milliseconds (tombstones are dated with it)."""
+    return int(clock.wall_s() * 1000)
+
+
 def _statvfs(path: Path) -> tuple[int, int]:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
@@ -835,17 +866,17 @@ class LedgerStorage:
         Blocking file work runs off the loop."""
         journal_dir, ledger_dir = Path(journal_dir), Path(ledger_dir)
         log = log if log is not None else get_logger(component="storage")
+        clock = clock if clock is not None else SYSTEM_CLOCK
         loop = asyncio.get_running_loop()
         read_pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="asyncbk-read")
         try:
             recovered = await loop.run_in_executor(
-                read_pool, _recover, journal_dir, ledger_dir, config, log)
+                read_pool, _recover, journal_dir, ledger_dir, config, log, _wall_ms(clock))
         except BaseException:
             # On cancellation the recovery thread may still be running: do not wait for it.
             read_pool.shutdown(wait=False)
             raise
-        self = cls(journal_dir, ledger_dir, config, recovered, read_pool, log,
-                   clock if clock is not None else SYSTEM_CLOCK)
+        self = cls(journal_dir, ledger_dir, config, recovered, read_pool, log, clock)
         try:
             await self._journal.start()
             await self.checkpoint()
@@ -864,12 +895,13 @@ class LedgerStorage:
         return self._ledgers.get(ledger_id)
 
     def is_deleted(self, ledger_id: int) -> bool:
-        """Whether the ledger was deleted here (garbage collected) within
-        ``gc_tombstone_s``: its adds are refused as they were once it was fenced."""
+        """Whether the ledger was deleted here (garbage collected) less than
+        ``gc_tombstone_s`` ago on the storage's clock: its adds are refused as they
+        were once it was fenced."""
         deleted_ms = self._tombstones.get(ledger_id)
         if deleted_ms is None:
             return False
-        if time.time() * 1000 - deleted_ms > self._config.gc_tombstone_s * 1000:
+        if _wall_ms(self._clock) - deleted_ms >= self._config.gc_tombstone_s * 1000:
             del self._tombstones[ledger_id]
             return False
         return True
@@ -880,6 +912,11 @@ class LedgerStorage:
     @property
     def config(self) -> BookieConfig:
         return self._config
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this storage runs on (tombstone ages, housekeeping, pacing)."""
+        return self._clock
 
     @property
     def journal(self) -> Journal:
@@ -1105,9 +1142,10 @@ class LedgerStorage:
         for log_id, _, length in entries.locations() if entries is not None else ():
             live[log_id] -= length
         self._ledgers_deleted += 1
-        self._tombstones[ledger_id] = int(time.time() * 1000)
+        deleted_ms = _wall_ms(self._clock)
+        self._tombstones[ledger_id] = deleted_ms
         return self._journal.append(encode_delete_ledger(ledger_id),
-                                    (TYPE_DELETE_LEDGER, ledger_id, None))
+                                    (TYPE_DELETE_LEDGER, ledger_id, deleted_ms))
 
     async def entry_log_usage(self) -> dict[int, tuple[int, int]]:
         """``{log id: (live bytes, file bytes)}`` of every finished entry log (not the
@@ -1135,7 +1173,7 @@ class LedgerStorage:
         loop = asyncio.get_running_loop()
         sizes: dict[int, int] = {}
         moved = 0
-        pacer = RateLimiter(rate_bytes_per_s, burst=COMPACTION_CHUNK_BYTES)
+        pacer = RateLimiter(rate_bytes_per_s, burst=COMPACTION_CHUNK_BYTES, clock=self._clock)
         for log_id in log_ids:
             path = self._ledger_dir / ENTRYLOG_DIR / entry_log_name(log_id)
             sizes[log_id] = (await loop.run_in_executor(self._read_pool, os.stat, path)).st_size
@@ -1143,7 +1181,7 @@ class LedgerStorage:
         if not log_ids:
             return 0
         await self.checkpoint()  # the moved copies are durable before the old logs go
-        await asyncio.sleep(COMPACTION_READ_GRACE_S)  # reads that looked the old place up
+        await self._clock.sleep(COMPACTION_READ_GRACE_S)  # reads that looked the old place up
         for log_id in log_ids:
             path = self._ledger_dir / ENTRYLOG_DIR / entry_log_name(log_id)
             await loop.run_in_executor(self._read_pool, self._reader.forget, log_id)
@@ -1231,8 +1269,9 @@ class LedgerStorage:
         async with self._checkpoint_lock:
             lacs = {ledger_id: info.lac for ledger_id, info in self._ledgers.items()
                     if info.lac >= 0}
-            t0 = time.monotonic()
-            work = await self._journal.run_in_writer(self._checkpoint_capture, lacs)
+            t0 = time.perf_counter()  # performance timer: only reported (checkpoint_s_*)
+            work = await self._journal.run_in_writer(self._checkpoint_capture, lacs,
+                                                     _wall_ms(self._clock))
             if work is None:
                 self._checkpoints_skipped += 1
                 return
@@ -1240,13 +1279,14 @@ class LedgerStorage:
             # journal file removal) runs off the writer thread: adds keep committing.
             await asyncio.to_thread(self._checkpoint_write, work)
             self._last_checkpoint_key = work.key
-            elapsed = time.monotonic() - t0
+            elapsed = time.perf_counter() - t0
             self._checkpoints += 1
             self._checkpoint_s_last = elapsed
             self._checkpoint_s_max = max(self._checkpoint_s_max, elapsed)
 
-    def _checkpoint_capture(self, lacs: dict[int, int]) -> _CheckpointWork | None:
-        """Writer thread, between batches: where the checkpoint stands (cheap)."""
+    def _checkpoint_capture(self, lacs: dict[int, int], now_ms: int) -> _CheckpointWork | None:
+        """Writer thread, between batches: where the checkpoint stands (cheap).
+        ``now_ms``: the clock's wall time when the checkpoint began (tombstone expiry)."""
         journal = self._journal
         if journal.writer_failed:
             raise BookieIOError("journal failed: not checkpointing")
@@ -1262,8 +1302,8 @@ class LedgerStorage:
                 d.lac = lac
             ledgers.append([ledger_id, d.master_key, d.fenced, d.lac, d.explicit_lac])
         tombstones = self._durable.tombstones
-        expired_before = int(time.time() * 1000 - self._config.gc_tombstone_s * 1000)
-        for ledger_id in [lid for lid, ms in tombstones.items() if ms < expired_before]:
+        expired_before = int(now_ms - self._config.gc_tombstone_s * 1000)
+        for ledger_id in [lid for lid, ms in tombstones.items() if ms <= expired_before]:
             del tombstones[ledger_id]
         payload = {
             "version": CHECKPOINT_VERSION,
