@@ -10,6 +10,8 @@ import pytest
 from asyncbk.autorecovery.service import AUDITOR_LOCK
 from asyncbk.client.client import BookKeeper
 from asyncbk.client.quorum import write_set
+from asyncbk.clock import ManualClock
+from asyncbk.meta.etcd import EtcdMetadataStore
 from asyncbk.meta.model import LedgerMetadata
 from asyncbk.proto import ReadRequest, ReadResponse, Status
 from asyncbk.testing.cluster import LocalCluster
@@ -174,3 +176,19 @@ async def test_no_spare_bookie_is_reported_and_healed_once_one_joins(
     assert await stored_everywhere(bk, md)
     rh = await (await cluster.client()).open_ledger(lh.id)
     assert [e.data for e in await rh.read(0, 199)] == data
+
+
+async def test_etcd_dates_marks_with_the_injected_clock(etcd_server, root) -> None:  # type: ignore[no-untyped-def]
+    """The time a ledger was marked under-replicated (what the open-ledger grace and
+    ``marked_s_ago`` count from) is the store's clock's, and a merge keeps it."""
+    clock = ManualClock(start_s=5_000.0)
+    store = await EtcdMetadataStore.connect([(etcd_server.host, etcd_server.port)], root,
+                                            clock=clock)
+    try:
+        await store.mark_underreplicated(7, {"b3:3181"})
+        clock.advance(10.0)
+        await store.mark_underreplicated(7, {"b4:3181"})
+        [mark] = await store.list_underreplicated()
+        assert mark.bookies == {"b3:3181", "b4:3181"} and mark.marked_ms == 5_000_000
+    finally:
+        await store.close()

@@ -7,12 +7,11 @@ bookie's routes:
 * ``GET /api/v1/autorecovery/status``: this process's role and progress.
 * ``GET /api/v1/autorecovery/auditor``: ``{"auditor": id or null}``.
 * ``GET /api/v1/autorecovery/underreplicated``: the marked ledgers, with the lost
-  bookies of each and how long ago they were marked.
+  bookies of each and how long ago they were marked (by the process's clock).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 from aiohttp import web
@@ -75,7 +74,7 @@ def routes(ar: AutoRecovery) -> list[web.RouteDef]:
             marks = await ar.meta.list_underreplicated()
         except BKError as exc:
             return web.json_response({"error": str(exc)}, status=503)
-        now_ms = time.time() * 1000
+        now_ms = ar.clock.wall_s() * 1000
         return web.json_response({"ledgers": [
             {"ledger_id": m.ledger_id, "lost_bookies": sorted(m.bookies),
              "marked_s_ago": round((now_ms - m.marked_ms) / 1000, 1)} for m in marks]})

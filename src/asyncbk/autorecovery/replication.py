@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from ..clock import RateLimiter
 from ..errors import (
     BKError,
+    BookieIOError,
     BookieUnavailableError,
     DigestMismatchError,
     MetadataVersionError,
@@ -41,6 +42,7 @@ from ..types import BookieId
 
 if TYPE_CHECKING:
     from ..client.client import BookKeeper
+    from ..client.digest import DigestManager
 
 COPY_WINDOW = 64
 """Entries being copied at once, per fragment."""
@@ -151,7 +153,14 @@ async def _pick_replacements(bk: BookKeeper, count: int, choices: list[BookieId]
     return picked
 
 
-async def _copy_fragment(bk: BookKeeper, md: LedgerMetadata, digest: object, key: bytes,
+def _unexpected(bookie: BookieId, resp: object, request: str, expected: type) -> str:
+    """What to say when a bookie answered with a message of another type than the
+    request's (``request``: "a READ", "an ADD")."""
+    return (f"bookie {bookie} answered {request} request with {type(resp).__name__} "
+            f"instead of {expected.__name__}")
+
+
+async def _copy_fragment(bk: BookKeeper, md: LedgerMetadata, digest: DigestManager, key: bytes,
                          first: int, last: int, ensemble: tuple[BookieId, ...],
                          replaced: dict[int, BookieId], limiter: RateLimiter,
                          stats: ReplicationStats,
@@ -185,12 +194,12 @@ async def _copy_fragment(bk: BookKeeper, md: LedgerMetadata, digest: object, key
         raise
 
 
-async def _read_body(bk: BookKeeper, md: LedgerMetadata, digest: object, entry_id: int,
+async def _read_body(bk: BookKeeper, md: LedgerMetadata, digest: DigestManager, entry_id: int,
                      ensemble: tuple[BookieId, ...], lost: set[int]) -> bytes:
-    """The stored body of ``entry_id`` from a surviving replica, digest checked."""
-    from ..client.digest import DigestManager
-
-    assert isinstance(digest, DigestManager)
+    """The stored body of ``entry_id`` from a surviving replica, digest checked.  A
+    replica that fails, answers something else than a READ response or a body that
+    does not verify is skipped; BookieUnavailableError (saying why, per replica) when
+    none is left."""
     errors: list[str] = []
     for p in range(md.ensemble_size):
         if (p - entry_id) % md.ensemble_size >= md.write_quorum or p in lost:
@@ -203,7 +212,9 @@ async def _read_body(bk: BookKeeper, md: LedgerMetadata, digest: object, entry_i
         except BKError as exc:
             errors.append(f"{bookie}: {exc}")
             continue
-        assert isinstance(resp, ReadResponse)
+        if not isinstance(resp, ReadResponse):
+            errors.append(_unexpected(bookie, resp, "a READ", ReadResponse))
+            continue
         if resp.status != Status.OK:
             errors.append(f"{bookie}: {Status(resp.status).name}")
             continue
@@ -223,7 +234,9 @@ async def _write_body(bk: BookKeeper, md: LedgerMetadata, key: bytes, entry_id: 
     resp = await ch.request(AddRequest(ch.next_request_id(), md.ledger_id, entry_id, key,
                                        int(AddFlag.RECOVERY_ADD), -1, body),
                             bk.config.add_timeout_s)
-    assert isinstance(resp, AddResponse)
+    if not isinstance(resp, AddResponse):
+        raise BookieIOError(f"copy of ledger {md.ledger_id} entry {entry_id}: "
+                            + _unexpected(bookie, resp, "an ADD", AddResponse))
     if resp.status != Status.OK:
         raise BookieUnavailableError(f"copy of ledger {md.ledger_id} entry {entry_id} to "
                                      f"{bookie}: bookie answered {Status(resp.status).name}")

@@ -20,6 +20,10 @@
   itself by then.  The mark is cleared when no fragment references a lost
   bookie any more (and kept, with a compare-and-swap, if a new loss was marked
   meanwhile).
+
+Time (the lost-bookie delay, the age of a mark, every poll and sleep) comes
+from the injected :class:`~asyncbk.clock.Clock`; a mark's time is the metadata
+store's wall-clock time when it was first marked.
 """
 
 from __future__ import annotations
@@ -28,16 +32,19 @@ import asyncio
 import contextlib
 import os
 import socket
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import BKError, MetadataError, NoSuchLedgerError
 from ..log import get_logger
 from ..meta.api import MetadataStore, UnderReplicated
 from ..meta.keys import AUDITOR_LOCK, ledger_lock
 from ..types import BookieId
 from .replication import RateLimiter, ReplicationStats, needs_recovery_first, replicate_ledger
+
+AUDIT_POLL_S = 0.5
+"""The auditor looks at the registry at least this often (and at once on a change)."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,8 @@ class AutoRecoveryStatus:
     is_auditor: bool = False
     auditor: str | None = None
     lost_pending: dict[BookieId, float] = field(default_factory=dict)
-    """Bookies gone but still within the delay: bookie -> monotonic time it went."""
+    """Bookies gone but still within the delay: bookie -> ``clock.monotonic_s()`` when
+    it went."""
     lost: set[BookieId] = field(default_factory=set)
     ledgers_marked: int = 0
     audits: int = 0
@@ -86,9 +94,10 @@ class AutoRecoveryStatus:
     underreplicated: int = 0
     """Marked ledgers seen at the worker's last round."""
     last_error: str = ""
+    clock: Clock = field(default=SYSTEM_CLOCK, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        now = time.monotonic()
+        now = self.clock.monotonic_s()
         r = self.replication
         return {
             "id": self.id, "is_auditor": self.is_auditor, "auditor": self.auditor,
@@ -108,10 +117,12 @@ class AutoRecoveryStatus:
 class LeaseKeeper:
     """A lease granted and refreshed every ttl/3; re-granted if it is lost."""
 
-    def __init__(self, meta: MetadataStore, ttl_s: int, log: Any) -> None:
+    def __init__(self, meta: MetadataStore, ttl_s: int, log: Any, *,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.meta = meta
         self.ttl_s = ttl_s
         self.log = log
+        self.clock = clock
         self.lease_id: int | None = None
         self.changed = asyncio.Event()
 
@@ -128,7 +139,7 @@ class LeaseKeeper:
                     continue
             except BKError as exc:
                 self.log.warning("lease keep-alive failed", error=str(exc))
-            await asyncio.sleep(self.ttl_s / 3)
+            await self.clock.sleep(self.ttl_s / 3)
 
     async def ready(self) -> int:
         while self.lease_id is None:
@@ -141,16 +152,17 @@ class AutoRecovery:
     """One auto-recovery process (or task, inside a bookie): candidate auditor + worker."""
 
     def __init__(self, bk: Any, config: AutoRecoveryConfig, process_id: str | None = None,
-                 *, owns_client: bool = False) -> None:
+                 *, owns_client: bool = False, clock: Clock = SYSTEM_CLOCK) -> None:
         self.bk = bk
+        self.clock = clock
         self._owns_client = owns_client
         self.meta: MetadataStore = bk.meta
         self.config = config.validate()
         self.id = process_id or f"{socket.gethostname()}:{os.getpid()}"
         self.log = get_logger(component="autorecovery", autorecovery_id=self.id)
-        self.status = AutoRecoveryStatus(self.id)
-        self.lease = LeaseKeeper(self.meta, config.lease_ttl_s, self.log)
-        self.limiter = RateLimiter(config.rate_entries_per_s)
+        self.status = AutoRecoveryStatus(self.id, clock=clock)
+        self.lease = LeaseKeeper(self.meta, config.lease_ttl_s, self.log, clock=clock)
+        self.limiter = RateLimiter(config.rate_entries_per_s, clock=clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._registered: dict[BookieId, Any] | None = None
         self._view_changed = asyncio.Event()
@@ -186,7 +198,7 @@ class AutoRecovery:
                     self._view_changed.set()
             except BKError as exc:
                 self.log.warning("bookie watch failed, retrying", error=str(exc))
-                await asyncio.sleep(1)
+                await self.clock.sleep(1)
 
     async def _available(self) -> dict[BookieId, Any]:
         if self._registered is None:
@@ -212,13 +224,13 @@ class AutoRecovery:
                     continue
             except BKError as exc:
                 self.log.warning("auditor election failed, retrying", error=str(exc))
-            await asyncio.sleep(self.config.election_poll_s)
+            await self.clock.sleep(self.config.election_poll_s)
 
     async def _audit_while_holding(self, lease_id: int) -> None:
         auditor = asyncio.get_running_loop().create_task(self._audit())
         try:
             while not auditor.done():
-                await asyncio.sleep(self.config.election_poll_s)
+                await self.clock.sleep(self.config.election_poll_s)
                 if self.lease.lease_id != lease_id or \
                         await self.meta.lock_holder(AUDITOR_LOCK) != self.id:
                     return
@@ -236,7 +248,7 @@ class AutoRecovery:
         seen: set[BookieId] = set(await self._available())
         next_scan = 0.0
         while True:
-            now = time.monotonic()
+            now = self.clock.monotonic_s()
             registered = set(await self._available())
             for b in seen - registered:
                 if b not in st.lost and b not in st.lost_pending:
@@ -265,9 +277,18 @@ class AutoRecovery:
                     del st.lost_pending[b]
                 st.lost |= due
             self._view_changed.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.5):
-                    await self._view_changed.wait()
+            await self._wait_view_change(AUDIT_POLL_S)
+
+    async def _wait_view_change(self, timeout_s: float) -> None:
+        """Until the registry view changes or ``timeout_s`` pass on the clock."""
+        changed = asyncio.ensure_future(self._view_changed.wait())
+        timer = asyncio.ensure_future(self.clock.sleep(timeout_s))
+        try:
+            await asyncio.wait((changed, timer), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (changed, timer):
+                t.cancel()
+            await asyncio.gather(changed, timer, return_exceptions=True)
 
     async def _unregistered_in_ledgers(self, registered: set[BookieId]) -> set[BookieId]:
         out: set[BookieId] = set()
@@ -306,7 +327,7 @@ class AutoRecovery:
             except BKError as exc:
                 self.status.last_error = str(exc)
                 self.log.warning("replication round failed", error=str(exc))
-            await asyncio.sleep(self.config.worker_poll_s)
+            await self.clock.sleep(self.config.worker_poll_s)
 
     async def _take(self, mark: UnderReplicated) -> None:
         lease_id = await self.lease.ready()
@@ -339,7 +360,7 @@ class AutoRecovery:
         view = await self._available()
         available = set(view)
         if needs_recovery_first(md, available):
-            age_s = time.time() - mark.marked_ms / 1000
+            age_s = self.clock.wall_s() - mark.marked_ms / 1000
             if age_s < self.config.open_ledger_grace_s:
                 return  # the writer may still replace the bookie itself
             self.log.warning("recovering an open ledger whose last fragment lost a bookie",

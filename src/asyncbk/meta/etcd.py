@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import random
-import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
@@ -54,6 +53,7 @@ from etcd3.models import (
     RangeRequestSortTarget,
 )
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import BKError, MetadataError, MetadataVersionError, NoSuchLedgerError
 from ..errors import TimeoutError as BKTimeoutError
 from ..log import get_logger
@@ -177,6 +177,7 @@ class EtcdMetadataStore:
         timeout_s: float = TIMEOUT_S_DEFAULT,
         *,
         watch_backoff_s_max: float = WATCH_BACKOFF_S_MAX,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
@@ -186,6 +187,8 @@ class EtcdMetadataStore:
         self.endpoints: list[tuple[str, int]] = [(str(h), int(p)) for h, p in endpoints]
         self.timeout_s = float(timeout_s)
         self._watch_backoff_s_max = watch_backoff_s_max
+        self._clock = clock
+        """Wall-clock source of the times this store writes (under-replication marks)."""
         self._clients: list[Any] = [None] * len(self.endpoints)
         self._current = 0
         self._closed = False
@@ -199,11 +202,13 @@ class EtcdMetadataStore:
         timeout_s: float = TIMEOUT_S_DEFAULT,
         *,
         watch_backoff_s_max: float = WATCH_BACKOFF_S_MAX,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> EtcdMetadataStore:
         """A store whose etcd answered: ``/version`` (>= 3.4) on some endpoint,
         then a read of the instance id key.  Raises MetadataError ("cannot reach
         etcd at ...: is etcd running?") if no endpoint answers."""
-        store = cls(endpoints, root, timeout_s, watch_backoff_s_max=watch_backoff_s_max)
+        store = cls(endpoints, root, timeout_s, watch_backoff_s_max=watch_backoff_s_max,
+                    clock=clock)
         try:
             await store._probe()
         except BaseException:
@@ -748,7 +753,7 @@ class EtcdMetadataStore:
             resp = await self._call(f"read mark of ledger {ledger_id}",
                                     lambda c: c.range(_key(key)), retry_unknown=True)
             known: set[BookieId] = set()
-            marked_ms = int(time.time() * 1000)
+            marked_ms = int(self._clock.wall_s() * 1000)
             compare = _compare_absent(key)
             if resp.kvs:
                 kv = resp.kvs[0]

@@ -29,7 +29,6 @@ one version really race), while each operation stays atomic.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
@@ -538,7 +537,7 @@ class MemoryMetadataStore:
         key = keys.underreplicated(self.root, ledger_id)
         entry = self.state.get(key)
         known: set[BookieId] = set()
-        marked_ms = int(time.time() * 1000)
+        marked_ms = int(self.state.clock.wall_s() * 1000)
         if entry is not None:
             old = unpack_underreplicated(ledger_id, entry.value, entry.mod_revision)
             known, marked_ms = set(old.bookies), old.marked_ms
