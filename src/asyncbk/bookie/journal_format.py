@@ -29,18 +29,29 @@ Every record is::
 
 Integers in payloads are little-endian signed 64-bit (``<q``).  Types:
 
-=====  ============  ===============================================  ======
-type   name          payload                                          size
-=====  ============  ===============================================  ======
-1      ADD           ledger_id, entry_id, then the entry body (raw)   >= 16
-2      LEDGER_KEY    ledger_id, then the ledger's master key (raw)    >= 8
-3      FENCE         ledger_id                                        == 8
-4      EXPLICIT_LAC  ledger_id, lac                                   == 16
-=====  ============  ===============================================  ======
+=====  =============  ===============================================  ======
+type   name           payload                                          size
+=====  =============  ===============================================  ======
+1      ADD            ledger_id, entry_id, then the entry body (raw)   >= 16
+2      LEDGER_KEY     ledger_id, then the ledger's master key (raw)    >= 8
+3      FENCE          ledger_id                                        == 8
+4      EXPLICIT_LAC   ledger_id, lac                                   == 16
+5      DELETE_LEDGER  ledger_id                                        == 8
+=====  =============  ===============================================  ======
 
 ``ledger_id`` and ``entry_id`` are >= 0; ``lac`` is >= -1.  A LEDGER_KEY
 record is journaled before the first ADD (or FENCE) of a ledger the bookie
 has not seen, so replay always learns a ledger's key before its entries.
+DELETE_LEDGER (added with garbage collection) says the bookie forgot the
+ledger: replay drops its state (and, unless a later LEDGER_KEY registers it
+again, its entries) and gives it a tombstone dated at replay time (the record
+carries no time).
+
+The type numbers are part of the format: a type is never renumbered or
+reused, and a new type is only ever added.  A bookie that does not know a
+type treats the record as garbage (see the replay rule), so a journal holding
+a newer type must not be replayed by an older bookie; after a graceful stop
+nothing is replayed (the final checkpoint covers the whole journal).
 
 Why this layout: the length comes first so a reader knows how much to read
 before checking anything; the 64-bit checksum covers the type and payload, so

@@ -1,0 +1,111 @@
+"""The reference tables of the docs match the code they describe: wire ops, their
+fields, flags and status codes (docs/protocol.md), journal record types
+(docs/storage.md and the journal_format docstring), format versions."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+
+from asyncbk.bookie import journal_format
+from asyncbk.bookie.storage import CHECKPOINT_VERSION
+from asyncbk.client.ledger import FRAME_OVERHEAD_BYTES_MAX
+from asyncbk.net.channel import ADD_BATCH_BYTES_MAX, ADD_BATCH_ENTRIES_MAX
+from asyncbk.proto import messages
+from asyncbk.proto.messages import PROTOCOL_VERSION, AddFlag, Op, ReadFlag, Status
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def table(text: str, header: str) -> list[list[str]]:
+    """The body rows (cells stripped) of the markdown table whose header row starts
+    with ``header``; fails if there is no such table or it is empty."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(header):
+            rows = []
+            for row in lines[i + 2:]:  # past the header and the |---| line
+                if not row.startswith("|"):
+                    break
+                rows.append([c.strip() for c in row.strip().strip("|").split("|")])
+            assert rows, f"the table under {header!r} is empty"
+            return rows
+    raise AssertionError(f"no table with header {header!r}")
+
+
+def name(cell: str) -> str:
+    """`ADD` -> ADD; `master_key: bytes` -> master_key."""
+    return cell.split(":")[0].strip().strip("`")
+
+
+def protocol() -> str:
+    return (DOCS / "protocol.md").read_text()
+
+
+def test_protocol_op_table_matches_the_op_enum() -> None:
+    rows = table(protocol(), "| op | code |")
+    documented = [(name(r[0]), int(r[1])) for r in rows]
+    assert len(documented) == len(set(documented)), "an op is documented twice"
+    assert sorted(documented, key=lambda x: x[1]) == [(op.name, op.value) for op in Op]
+
+
+def _field_names(cell: str) -> list[str]:
+    return [] if cell == "(none)" else [name(c) for c in cell.split(", ")]
+
+
+def test_protocol_op_table_lists_each_messages_fields_in_wire_order() -> None:
+    requests = {cls.OP: cls for cls in messages._REQUESTS.values()}
+    responses = {cls.OP: cls for cls in messages._RESPONSES.values()}
+    for row in table(protocol(), "| op | code |"):
+        op = Op[name(row[0])]
+        want_req = [f.name for f in fields(requests[op])][1:]  # after request_id
+        want_resp = [f.name for f in fields(responses[op])][2:]  # after request_id, status
+        assert _field_names(row[2]) == want_req, f"{op.name} request fields"
+        assert _field_names(row[3]) == want_resp, f"{op.name} response fields"
+
+
+def test_protocol_status_table_matches_the_status_enum() -> None:
+    rows = table(protocol(), "| code | name |")
+    documented = [(name(r[1]), int(r[0])) for r in rows]
+    assert documented == [(s.name, s.value) for s in Status]
+
+
+def test_protocol_flag_table_matches_the_flag_enums() -> None:
+    rows = table(protocol(), "| op | flag | value |")
+    documented = {(r[0], name(r[1]), int(r[2])) for r in rows}
+    expected = {("ADD", f.name, f.value) for f in AddFlag if f.value} | \
+        {("READ", f.name, f.value) for f in ReadFlag if f.value}
+    assert documented == expected
+
+
+def test_protocol_version_and_size_limits_are_the_codes() -> None:
+    text = protocol()
+    assert f"protocol version **{PROTOCOL_VERSION}**" in text
+    assert "`EntryTooLargeError`" in text  # the client refuses oversized appends
+    assert f"`frame_bytes_max` less {FRAME_OVERHEAD_BYTES_MAX} bytes" in text
+    assert f"at most {ADD_BATCH_ENTRIES_MAX} entries" in text
+    assert f"at most {ADD_BATCH_BYTES_MAX // 2**20} MiB of bodies" in text
+    assert "half its `frame_bytes_max`" in text
+
+
+def _journal_types() -> list[tuple[str, int]]:
+    return sorted(((n.removeprefix("TYPE_"), v) for n, v in vars(journal_format).items()
+                   if n.startswith("TYPE_")), key=lambda x: x[1])
+
+
+def test_storage_doc_lists_every_journal_record_type() -> None:
+    rows = table((DOCS / "storage.md").read_text(), "| type | name | payload |")
+    assert [(name(r[1]), int(r[0])) for r in rows] == _journal_types()
+
+
+def test_journal_format_docstring_lists_every_record_type() -> None:
+    doc = journal_format.__doc__ or ""
+    rows = re.findall(r"^(\d+)\s+([A-Z_]+)\s", doc, re.MULTILINE)
+    assert [(n, int(t)) for t, n in rows] == _journal_types()
+
+
+def test_storage_doc_names_the_format_versions() -> None:
+    text = (DOCS / "storage.md").read_text()
+    assert [r[1] for r in table(text, "| key | meaning |") if r[0] == "`version`"] == \
+        [f"`{CHECKPOINT_VERSION}`"]
