@@ -9,8 +9,10 @@ from dataclasses import fields
 from pathlib import Path
 
 from asyncbk.bookie import journal_format
+from asyncbk.bookie.cookie import COOKIE_FORMAT
 from asyncbk.bookie.storage import CHECKPOINT_VERSION
 from asyncbk.client.ledger import FRAME_OVERHEAD_BYTES_MAX
+from asyncbk.meta.model import METADATA_FORMAT_VERSION
 from asyncbk.net.channel import ADD_BATCH_BYTES_MAX, ADD_BATCH_ENTRIES_MAX
 from asyncbk.proto import messages
 from asyncbk.proto.messages import PROTOCOL_VERSION, AddFlag, Op, ReadFlag, Status
@@ -109,3 +111,15 @@ def test_storage_doc_names_the_format_versions() -> None:
     text = (DOCS / "storage.md").read_text()
     assert [r[1] for r in table(text, "| key | meaning |") if r[0] == "`version`"] == \
         [f"`{CHECKPOINT_VERSION}`"]
+
+
+def test_deploy_doc_names_the_format_versions() -> None:
+    rows = table((DOCS / "deploy.md").read_text(), "| format | version field |")
+    current = {r[0]: r[2] for r in rows}
+    assert current["wire protocol"] == f"protocol version {PROTOCOL_VERSION}"
+    assert current["checkpoint (`ledger_dir/checkpoint`)"] == \
+        f"checkpoint version {CHECKPOINT_VERSION}"
+    assert current["cookie (`COOKIE`, and in etcd)"] == f"cookie format {COOKIE_FORMAT}"
+    assert current["ledger metadata (etcd)"] == str(METADATA_FORMAT_VERSION)
+    unversioned = current["journal, entry logs, `index.log`"]
+    assert unversioned == "—"  # no version field: the doc says what holds instead
