@@ -134,6 +134,10 @@ class ClientConfig:
     frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
     connection_requests_max: int = 100_000
     """Requests in flight on one bookie connection."""
+    connection_write_buffer_bytes_max: int = 64 * 1024 * 1024
+    """Bytes of requests one bookie connection holds while the bookie does not read
+    them (the socket pushes back); past it, requests to that bookie fail at once with
+    TooManyRequestsError (a writer then replaces the bookie)."""
     reconnect_backoff_s_max: float = 2.0
     speculative_read_timeout_s: float = 0.5
     """A read not answered in this time is also sent to the next replica (0: never)."""
@@ -146,8 +150,22 @@ class ClientConfig:
     explicit_lac_interval_s: float = 1.0
     """An idle writer sends its LAC explicitly after this long, so tailing readers see
     the last entries (0: never)."""
-    ensemble_changes_max: int = 64
-    """Ensemble changes one ledger handle may make before it gives up."""
+    ensemble_changes_max: int = 1000
+    """Ensemble changes one ledger handle may make before it gives up (each adds a
+    fragment to the ledger's metadata)."""
+    bookie_quarantine_s: float = 30.0
+    """A bookie that failed an add is left out of new ensembles and replacements for
+    this long, or until it registers anew (a restart), whichever comes first (0: no
+    quarantine)."""
+    ensemble_change_timeout_s: float = 60.0
+    """How long a writer with no replacement for a failed bookie, and too few healthy
+    ones left for an ack quorum, keeps retrying (appends wait meanwhile) before it
+    fails its pending appends with NotEnoughBookiesError."""
+    probe_timeout_s: float = 1.0
+    """How long a quarantined bookie has to answer a health probe (BOOKIE_INFO) when
+    a writer needs it as a replacement."""
+    ensemble_change_backoff_s_max: float = 1.0
+    """Longest pause between two such retries (a bookie registering ends it early)."""
     bookie_addresses: dict[str, str] = field(default_factory=dict)
     """Connect to another ``host:port`` than the bookie id (e.g. a proxy in front of it)."""
 
@@ -155,9 +173,11 @@ class ClientConfig:
         _check_positive(self, "add_timeout_s", "read_timeout_s", "connect_timeout_s",
                         "metadata_timeout_s", "pending_adds_max", "frame_bytes_max",
                         "connection_requests_max", "ensemble_changes_max",
-                        "reconnect_backoff_s_max")
+                        "reconnect_backoff_s_max", "ensemble_change_timeout_s",
+                        "ensemble_change_backoff_s_max", "connection_write_buffer_bytes_max",
+                        "probe_timeout_s")
         for name in ("speculative_read_timeout_s", "add_quorum_timeout_s",
-                     "explicit_lac_interval_s"):
+                     "explicit_lac_interval_s", "bookie_quarantine_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         return self

@@ -21,7 +21,7 @@ from typing import Any
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import BKError
 from ..log import get_logger
-from ..meta.api import BookieRegistration, MetadataStore
+from ..meta.api import SESSION_KEY, BookieRegistration, MetadataStore
 
 
 class Registration:
@@ -59,14 +59,18 @@ class Registration:
     async def set_readonly(self, readonly: bool) -> None:
         self.readonly = readonly
         if self.lease_id is not None:
-            await self._meta.register_bookie(self._registration(), self.lease_id)
+            await self._meta.register_bookie(self._registration(self.lease_id), self.lease_id)
 
-    def _registration(self) -> BookieRegistration:
-        return BookieRegistration(self.bookie_id, self.readonly, self._info)
+    def _registration(self, lease_id: int) -> BookieRegistration:
+        # The lease id tells clients this is a new registration (a restart, or a
+        # re-registration after a lost lease), even when nothing else changed: a
+        # client lets a bookie it had quarantined back in at once.
+        return BookieRegistration(self.bookie_id, self.readonly,
+                                  {**self._info, SESSION_KEY: lease_id})
 
     async def _register(self) -> None:
         lease_id = await self._meta.grant_lease(self._ttl_s)
-        await self._meta.register_bookie(self._registration(), lease_id)
+        await self._meta.register_bookie(self._registration(lease_id), lease_id)
         self.lease_id = lease_id
         self._set_registered(True)
         self._log.info("registered", lease_id=lease_id, ttl_s=self._ttl_s, readonly=self.readonly)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
+import contextlib
 import hmac
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Collection
 from types import TracebackType
 from typing import Any
 
@@ -17,20 +19,30 @@ from ..meta.api import BookieRegistration, MetadataStore
 from ..meta.model import DIGESTS, LedgerMetadata, LedgerState, new_metadata
 from ..meta.uri import open_metadata_store
 from ..net.channel import BookieClient, Connector, tcp_connector
+from ..proto import BookieInfoRequest, BookieInfoResponse, Status
 from ..stats import LatencyHistogram
 from ..types import BookieId
 from .ledger import LedgerHandle, ReadHandle
-from .placement import RandomPlacement
+from .placement import Quarantine, RandomPlacement
 from .recovery import LedgerRecoveryOp
+
+WRITABLE_STATE = "writable"
+"""The state a bookie reports in BOOKIE_INFO when it takes adds."""
 
 
 class BookieWatcher:
-    """The live view of registered bookies, kept by a watch on the metadata store."""
+    """The live view of registered bookies, kept by a watch on the metadata store.
 
-    def __init__(self, meta: MetadataStore) -> None:
+    ``on_registered(bookie, session)`` is called for each registration the watch
+    delivers that is new (a bookie that appeared, or registered anew after a restart
+    or a lost lease)."""
+
+    def __init__(self, meta: MetadataStore,
+                 on_registered: Callable[[BookieId, Any], None] = lambda b, s: None) -> None:
         self._meta = meta
+        self._on_registered = on_registered
         self._view: dict[BookieId, BookieRegistration] | None = None
-        self._ready = asyncio.Event()
+        self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -38,8 +50,19 @@ class BookieWatcher:
 
     async def _run(self) -> None:
         async for view in self._meta.watch_bookies():
+            before = self._view or {}
             self._view = view
-            self._ready.set()
+            for bookie, reg in view.items():
+                old = before.get(bookie)
+                if old is None or old.session != reg.session:
+                    self._on_registered(bookie, reg.session)
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    def session(self, bookie: BookieId) -> Any:
+        """The bookie's current registration (None if not registered or not known yet)."""
+        reg = (self._view or {}).get(bookie)
+        return reg.session if reg is not None else None
 
     async def writable(self, timeout_s: float) -> list[BookieId]:
         if self._view is None:
@@ -49,6 +72,12 @@ class BookieWatcher:
         else:
             view = self._view
         return sorted(b for b, reg in view.items() if not reg.readonly)
+
+    async def wait_for_change(self, timeout_s: float) -> None:
+        """Return when the registry changes next, or after ``timeout_s``."""
+        with contextlib.suppress(builtins.TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._changed.wait()
 
     async def close(self) -> None:
         if self._task is not None:
@@ -81,13 +110,49 @@ class BookKeeper:
             requests_max=config.connection_requests_max,
             connect_timeout_s=config.connect_timeout_s,
             reconnect_backoff_s_max=config.reconnect_backoff_s_max,
+            write_buffer_bytes_max=config.connection_write_buffer_bytes_max,
             connector=connector or tcp_connector(config.bookie_addresses),
         )
         self.placement = RandomPlacement(rng)
+        self.quarantine = Quarantine(config.bookie_quarantine_s)
         self.stats = ClientStats()
-        self.bookies = BookieWatcher(meta)
+        self.bookies = BookieWatcher(meta, self._on_bookie_registered)
         self._log = get_logger()
         self._closed = False
+
+    def _on_bookie_registered(self, bookie: BookieId, session: Any) -> None:
+        """A bookie registered anew (e.g. restarted): it may be used again at once."""
+        if self.quarantine.release_if_new_session(bookie, session):
+            self._log.info("bookie registered anew, quarantine lifted", bookie=bookie)
+        self.bookie_client.reset_backoff(bookie)
+
+    def quarantine_bookie(self, bookie: BookieId) -> None:
+        """Keep ``bookie``, which just failed, out of ensembles for a while."""
+        self.quarantine.add(bookie, self.bookies.session(bookie))
+
+    async def release_healthy(self, bookies: Collection[BookieId]) -> set[BookieId]:
+        """Ask each quarantined bookie of ``bookies`` whether it is writable (one
+        BOOKIE_INFO, answered within ``probe_timeout_s``); lift the quarantine of those
+        that are and return them."""
+        if not bookies:
+            return set()
+        timeout_s = self.config.probe_timeout_s
+        futs = {}
+        for bookie in sorted(bookies):
+            ch = self.bookie_client.channel(bookie)
+            futs[bookie] = ch.request(BookieInfoRequest(ch.next_request_id()), timeout_s)
+        results = await asyncio.gather(*futs.values(), return_exceptions=True)
+        healthy = set()
+        for bookie, r in zip(futs, results, strict=True):
+            if isinstance(r, BookieInfoResponse) and r.status == Status.OK \
+                    and r.state == WRITABLE_STATE:
+                healthy.add(bookie)
+                self.quarantine.release(bookie)
+            elif isinstance(r, BaseException) and not isinstance(r, BKError):
+                raise r
+        if healthy:
+            self._log.info("quarantined bookies answer as writable again", bookies=sorted(healthy))
+        return healthy
 
     @classmethod
     async def connect(cls, metadata_uri: str, **options: Any) -> BookKeeper:
@@ -144,7 +209,10 @@ class BookKeeper:
                 f"need {ensemble_size} writable bookies, {len(writable)} registered"
                 + (f" ({', '.join(writable)})" if writable else "")
                 + "; start more bookies or lower ensemble_size")
-        ensemble = self.placement.new_ensemble(ensemble_size, writable)
+        quarantined = self.quarantine.active()
+        if len(set(writable) - quarantined) < ensemble_size:
+            quarantined = set()  # a new ledger may use a recently failed bookie, not wait
+        ensemble = self.placement.new_ensemble(ensemble_size, writable, exclude=quarantined)
         ledger_id = await self.meta.allocate_ledger_id()
         md = new_metadata(ledger_id, ensemble, write_quorum, ack_quorum, digest, password, custom,
                           int(time.time() * 1000))
@@ -159,6 +227,10 @@ class BookKeeper:
         entries and closes it; ``recovery=False`` neither fences nor closes (tailing)."""
         md = await self.meta.read_ledger(ledger_id)
         if not hmac.compare_digest(md.password, password):
+            if not password:
+                raise UnauthorizedAccessError(
+                    f"ledger {ledger_id} has a password and none was given: pass "
+                    "password=... to open_ledger")
             raise UnauthorizedAccessError(f"ledger {ledger_id}: wrong password")
         if recovery and md.state is not LedgerState.CLOSED:
             md = await LedgerRecoveryOp(self, md, password).run()

@@ -66,7 +66,7 @@ from ..errors import (
 )
 from ..log import get_logger
 from ..meta.model import Ensemble, LedgerMetadata, LedgerState
-from ..net.channel import next_answers
+from ..net.channel import expect_answer, next_answers
 from ..proto import (
     AddFlag,
     AddResponse,
@@ -240,7 +240,10 @@ class ReadHandle:
         except (BKError, builtins.TimeoutError):  # an error, or slow: read entry by entry
             fut.cancel()
             return []
-        assert isinstance(resp, ReadBatchResponse)
+        try:
+            resp = expect_answer(resp, ReadBatchResponse, bookie)
+        except BKError:
+            return []
         if resp.status != Status.OK:
             return []
         out: list[LedgerEntry] = []
@@ -306,7 +309,11 @@ class ReadHandle:
 
     def _accept_read(self, resp: Response, bookie: BookieId, entry_id: int,
                      errors: list[BKError]) -> LedgerEntry | None:
-        assert isinstance(resp, ReadResponse)
+        try:
+            resp = expect_answer(resp, ReadResponse, bookie)
+        except BKError as exc:
+            errors.append(exc)
+            return None
         if resp.status != Status.OK:
             errors.append(status_error(resp.status, f"read {self.id}:{entry_id} from {bookie}"))
             return None
@@ -459,7 +466,10 @@ class LedgerHandle(ReadHandle):
         """Failed positions left unreplaced (no spare bookie) while every write set
         still has an ack quorum of healthy bookies: adds skip them."""
         self._degraded_retry: asyncio.TimerHandle | None = None
-        self._failed_bookies: set[BookieId] = set()
+        self._stalled_since_s: float | None = None
+        """Since when appends wait for want of bookies (None: they don't)."""
+        self._stalled_bookies: set[BookieId] = set()
+        """The bookies that failed since then (named in the error if it lasts)."""
         self._change_task: asyncio.Task[None] | None = None
         self.ensemble_changes = 0
         self._lac_sent = lac
@@ -595,7 +605,7 @@ class LedgerHandle(ReadHandle):
             self._log.info("bookie failed an add, changing ensemble", bookie=bookie,
                            entry_id=entry_id, error=str(error))
             self._failed_positions[position] = error
-            self._failed_bookies.add(bookie)
+            self._bk.quarantine_bookie(bookie)
         if self._change_task is None:
             self._change_task = self._loop.create_task(self._change_ensemble())
 
@@ -620,6 +630,8 @@ class LedgerHandle(ReadHandle):
         if len(pending) < self._pending_max:
             self._capacity.set()
         if released:
+            self._stalled_since_s = None
+            self._stalled_bookies.clear()
             self._schedule_explicit_lac()
 
     def _fail(self, error: BKError) -> None:
@@ -637,41 +649,53 @@ class LedgerHandle(ReadHandle):
     # ------------------------------------------------------------------ ensemble change
 
     async def _change_ensemble(self) -> None:
+        cfg = self._bk.config
+        backoff_s = 0.05
+        back: set[BookieId] = set()
+        """Failed bookies of the ensemble found healthy again while appends waited:
+        each may take its own position back (no spare to be had)."""
         try:
             while self._failed_positions and self._error is None:
-                if self.ensemble_changes >= self._bk.config.ensemble_changes_max:
+                if self.ensemble_changes >= cfg.ensemble_changes_max:
                     raise NotEnoughBookiesError(
                         f"ledger {self.id}: {self.ensemble_changes} ensemble changes already "
                         "(ensemble_changes_max); giving up")
                 failed = dict(self._failed_positions)
                 md = self._metadata
                 ensemble = list(md.ensembles[-1][1])
-                writable = await self._bk.bookies.writable(self._bk.config.metadata_timeout_s)
+                writable = await self._bk.bookies.writable(cfg.metadata_timeout_s)
+                quarantined = self._bk.quarantine.active()
+                keep = [p for p in sorted(failed) if ensemble[p] in back
+                        and ensemble[p] in writable and ensemble[p] not in quarantined]
                 try:
                     replacements = self._bk.placement.new_ensemble(
-                        len(failed), writable, exclude=set(ensemble) | self._failed_bookies)
+                        len(failed) - len(keep), writable, exclude=set(ensemble) | quarantined)
                 except NotEnoughBookiesError:
-                    if not self._ack_quorum_survives(set(failed)):
-                        raise
-                    if set(failed) != self._degraded:
-                        self._log.warning(
-                            "no spare bookie: writing on without the failed ones",
-                            failed=[ensemble[p] for p in sorted(failed)])
-                    self._degraded = set(failed)
-                    self._schedule_degraded_retry()
-                    break
-                for pos, bookie in zip(sorted(failed), replacements, strict=True):
+                    if not await self._no_replacement(failed, ensemble, writable, quarantined,
+                                                      back):
+                        break  # writing on without them (degraded)
+                    await self._bk.bookies.wait_for_change(backoff_s)
+                    backoff_s = min(cfg.ensemble_change_backoff_s_max, backoff_s * 2)
+                    continue
+                for pos, bookie in zip([p for p in sorted(failed) if p not in keep],
+                                       replacements, strict=True):
                     ensemble[pos] = bookie
-                first = self._lac + 1
                 old = md.ensembles[-1][1]
-                self._metadata = await self._commit_ensemble(first, tuple(ensemble))
-                self.ensemble_changes += 1
-                self._bk.stats.ensemble_changes += 1
+                if tuple(ensemble) != old:
+                    first = self._lac + 1
+                    self._metadata = await self._commit_ensemble(first, tuple(ensemble))
+                    self.ensemble_changes += 1
+                    self._bk.stats.ensemble_changes += 1
+                    self._log.info("ensemble changed", first_entry_id=first, old=list(old),
+                                   new=list(ensemble), replaced=[old[p] for p in sorted(failed)
+                                                                 if p not in keep])
+                if keep:
+                    self._log.info("failed bookies healthy again, writing to them",
+                                   bookies=[old[p] for p in keep])
                 for pos in failed:
                     self._failed_positions.pop(pos, None)
                     self._degraded.discard(pos)
-                self._log.info("ensemble changed", first_entry_id=first, old=list(old),
-                               new=list(ensemble), replaced=[old[p] for p in sorted(failed)])
+                back.clear()
                 self._resend_after_change(set(failed))
         except BKError as exc:
             self._log.warning("ensemble change failed", error=str(exc))
@@ -684,6 +708,54 @@ class LedgerHandle(ReadHandle):
             self._change_task = None
         if self._error is None:
             self._complete_head()
+
+    async def _no_replacement(self, failed: dict[int, BKError], ensemble: list[BookieId],
+                              writable: list[BookieId], quarantined: set[BookieId],
+                              back: set[BookieId]) -> bool:
+        """No spare for the failed positions.  Returns False to write on without them
+        (every write set keeps an ack quorum: degraded mode), True to try again (a
+        quarantined bookie answered as healthy, or appends wait for one), and raises
+        NotEnoughBookiesError once no append has completed for
+        ``ensemble_change_timeout_s``."""
+        cfg = self._bk.config
+        spares = set(writable) - set(ensemble)
+        # Bookies that failed recently may be healthy again (a pause that ended, a
+        # network blip): ask them before doing without them.
+        if await self._bk.release_healthy(spares & quarantined):
+            return True
+        if self._ack_quorum_survives(set(failed)):
+            if set(failed) != self._degraded:
+                self._log.warning("no spare bookie: writing on without the failed ones",
+                                  failed=[ensemble[p] for p in sorted(failed)])
+            self._degraded = set(failed)
+            self._schedule_degraded_retry()
+            return False
+        # Too few healthy bookies for an ack quorum: appends wait (they cannot
+        # complete).  With no spare at all, a failed bookie of the ensemble that is
+        # healthy again (restarted, resumed) may take its own position back.
+        own = {ensemble[p] for p in failed} & set(writable)
+        healthy = await self._bk.release_healthy(own)
+        if healthy:
+            back.update(healthy)
+            return True
+        now_s = self._loop.time()
+        self._stalled_bookies.update(ensemble[p] for p in failed)
+        if self._stalled_since_s is None:
+            self._stalled_since_s = now_s
+            self._log.warning("no bookie can replace the failed ones yet; appends wait",
+                              failed=[ensemble[p] for p in sorted(failed)],
+                              quarantined=sorted(quarantined),
+                              timeout_s=cfg.ensemble_change_timeout_s)
+        elif now_s - self._stalled_since_s >= cfg.ensemble_change_timeout_s:
+            raise NotEnoughBookiesError(
+                f"ledger {self.id}: no append completed for {cfg.ensemble_change_timeout_s}s "
+                f"(ensemble_change_timeout_s) for want of bookies; failed: "
+                f"{', '.join(sorted(self._stalled_bookies))}; other writable bookies: "
+                f"{', '.join(sorted(spares)) or 'none'}"
+                + (f" (failed recently: {', '.join(sorted(quarantined & spares))})"
+                   if quarantined & spares else "")
+                + "; start more bookies or lower the ensemble size")
+        return True
 
     def _ack_quorum_survives(self, failed: set[int]) -> bool:
         """Whether every write set keeps ``Qa`` positions outside ``failed``."""

@@ -41,7 +41,7 @@ from ..errors import (
 )
 from ..log import get_logger
 from ..meta.model import LedgerMetadata, LedgerState
-from ..net.channel import next_answers
+from ..net.channel import expect_answer, next_answers
 from ..proto import ReadFlag, ReadRequest, ReadResponse, Response, Status
 from .digest import DigestManager, master_key
 from .ledger import LedgerHandle
@@ -130,10 +130,14 @@ class LedgerRecoveryOp:
         try:
             while inflight and not covered():
                 for pos, r in await next_answers(inflight):
+                    if not isinstance(r, BKError):
+                        try:
+                            r = expect_answer(r, ReadResponse, ensemble[pos])
+                        except BKError as exc:
+                            r = exc
                     if isinstance(r, BKError):
                         errors.append(f"{ensemble[pos]}: {r}")
                         continue
-                    assert isinstance(r, ReadResponse)
                     if r.status == Status.UNAUTHORIZED:
                         raise UnauthorizedAccessError(f"ledger {md.ledger_id}: wrong password")
                     if r.status not in (Status.OK, Status.NO_ENTRY, Status.NO_LEDGER):
@@ -184,10 +188,14 @@ class LedgerRecoveryOp:
         try:
             while inflight:
                 for pos, r in await next_answers(inflight):
+                    if not isinstance(r, BKError):
+                        try:
+                            r = expect_answer(r, ReadResponse, ensemble[pos])
+                        except BKError as exc:
+                            r = exc
                     if isinstance(r, BKError):
                         errors.append(f"{ensemble[pos]}: {r}")
                         continue
-                    assert isinstance(r, ReadResponse)
                     if r.status == Status.OK:
                         try:
                             _, total_length, _ = self._digest.unseal(entry_id, r.body)

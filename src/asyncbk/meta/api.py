@@ -14,12 +14,21 @@ from ..errors import MetadataError
 from ..types import BookieId
 from .model import LedgerMetadata
 
+SESSION_KEY = "session"
+"""Key of a registration's ``info`` that names the registration itself (the bookie's
+lease id): it changes whenever the bookie registers anew, e.g. after a restart."""
+
 
 @dataclass(frozen=True)
 class BookieRegistration:
     bookie_id: BookieId
     readonly: bool
     info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def session(self) -> Any:
+        """What tells this registration from the bookie's earlier ones (None if unknown)."""
+        return self.info.get(SESSION_KEY)
 
 
 @dataclass(frozen=True)

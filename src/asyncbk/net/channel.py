@@ -27,6 +27,7 @@ from typing import Any, TypeVar, cast
 
 from ..errors import (
     BKError,
+    BookieIOError,
     BookieUnavailableError,
     ProtocolError,
     TimeoutError,
@@ -37,6 +38,7 @@ from ..proto import (
     AddBatchResponse,
     AddResponse,
     FrameDecoder,
+    Op,
     Request,
     Response,
     Status,
@@ -102,11 +104,13 @@ class _BatchCallback:
 
 
 class _Pending:
-    __slots__ = ("callback", "deadline_s")
+    __slots__ = ("callback", "deadline_s", "op")
 
-    def __init__(self, callback: Callback, deadline_s: float) -> None:
+    def __init__(self, callback: Callback, deadline_s: float, op: Op) -> None:
         self.callback = callback
         self.deadline_s = deadline_s
+        self.op = op
+        """The request's op: an answer of another op is the bookie's error, not ours."""
 
 
 class BookieChannel(asyncio.Protocol):
@@ -120,9 +124,11 @@ class BookieChannel(asyncio.Protocol):
         requests_max: int,
         connect_timeout_s: float,
         reconnect_backoff_s_max: float,
+        write_buffer_bytes_max: int = 64 * 1024 * 1024,
         connector: Connector | None = None,
     ) -> None:
         self.bookie_id = bookie_id
+        self._write_buffer_bytes_max = write_buffer_bytes_max
         self._connector = connector or tcp_connector()
         self._frame_bytes_max = frame_bytes_max
         self._requests_max = requests_max
@@ -133,6 +139,10 @@ class BookieChannel(asyncio.Protocol):
         self._request_ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._unsent: list[bytes] = []
+        self._unsent_bytes = 0
+        """Bytes in ``_unsent`` and in ``_adds`` (bodies), not yet handed to the socket."""
+        self._paused = False
+        """The transport asked us to stop writing (its buffer is over its high mark)."""
         self._adds: list[tuple[Any, ...]] = []
         """Adds of this loop turn, framed (alone or batched) at the flush."""
         self._flush_scheduled = False
@@ -164,7 +174,8 @@ class BookieChannel(asyncio.Protocol):
         The callback may run synchronously (before ``send`` returns) when the
         request fails at once (channel closed, backing off, too many in flight).
         """
-        self.send_frame(request.request_id, (encode_request(request),), callback, timeout_s)
+        self.send_frame(request.request_id, request.OP, (encode_request(request),), callback,
+                        timeout_s)
 
     def _admit(self, callback: Callback) -> bool:
         """Whether a request may be queued now; if not, ``callback`` got the reason."""
@@ -174,6 +185,11 @@ class BookieChannel(asyncio.Protocol):
         if len(self._pending) + len(self._adds) >= self._requests_max:
             callback(TooManyRequestsError(
                 f"{len(self._pending)} requests already in flight to bookie {self.bookie_id}"))
+            return False
+        if self._unsent_bytes >= self._write_buffer_bytes_max:
+            callback(TooManyRequestsError(
+                f"bookie {self.bookie_id} is not reading its requests: {self._unsent_bytes} "
+                f"bytes wait to be sent (write_buffer_bytes_max {self._write_buffer_bytes_max})"))
             return False
         if self._transport is None and self._connect_task is None:
             now = self._loop.time()
@@ -192,13 +208,14 @@ class BookieChannel(asyncio.Protocol):
         if self._sweep_handle is None:
             self._sweep_handle = self._loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
 
-    def send_frame(self, request_id: int, frame: tuple[bytes, ...], callback: Callback,
+    def send_frame(self, request_id: int, op: Op, frame: tuple[bytes, ...], callback: Callback,
                    timeout_s: float) -> None:
-        """``send`` for a request already encoded as frame pieces."""
+        """``send`` for a request of ``op`` already encoded as frame pieces."""
         if not self._admit(callback):
             return
-        self._pending[request_id] = _Pending(callback, self._loop.time() + timeout_s)
+        self._pending[request_id] = _Pending(callback, self._loop.time() + timeout_s, op)
         self._unsent.extend(frame)
+        self._unsent_bytes += sum(len(piece) for piece in frame)
         self._queued()
 
     def send_add(self, ledger_id: int, entry_id: int, master_key: bytes, flags: int, lac: int,
@@ -210,6 +227,7 @@ class BookieChannel(asyncio.Protocol):
             return
         self._adds.append((ledger_id, master_key, flags, lac, entry_id, body, callback,
                            self._loop.time() + timeout_s))
+        self._unsent_bytes += len(body)
         self._queued()
     def request(self, request: Request, timeout_s: float) -> asyncio.Future[Response]:
         """``send`` with a future: resolves to the response or raises the error."""
@@ -228,6 +246,17 @@ class BookieChannel(asyncio.Protocol):
             rid = request.request_id
             fut.add_done_callback(lambda f: self.cancel(rid) if f.cancelled() else None)
         return fut
+
+    def reset_backoff(self) -> None:
+        """Forget the reconnect back-off (the bookie is known to be back): the next
+        send connects at once."""
+        self._backoff_s = 0.0
+        self._retry_at_s = 0.0
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of requests queued here, not yet handed to the socket."""
+        return self._unsent_bytes
 
     def cancel(self, request_id: int) -> None:
         """Forget a request in flight: its response, if any comes, is dropped."""
@@ -275,6 +304,7 @@ class BookieChannel(asyncio.Protocol):
             transport.close()
             return
         self._transport = transport
+        self._paused = False
         self._backoff_s = 0.0
         self._decoder = FrameDecoder(self._frame_bytes_max)
         sock = transport.get_extra_info("socket")
@@ -291,17 +321,35 @@ class BookieChannel(asyncio.Protocol):
             for body in bodies:
                 response = decode_response(body)
                 entry = pending.pop(response.request_id, None)
-                if entry is not None:
-                    entry.callback(response)
+                if entry is None:
+                    continue
+                if response.OP is not entry.op:
+                    entry.callback(BookieIOError(
+                        f"bookie {self.bookie_id} answered a {entry.op.name} request with "
+                        f"{response.OP.name}"))
+                    continue
+                entry.callback(response)
         except ProtocolError as exc:
             self._log.warning("bad frame from bookie, closing connection", reason=str(exc))
             self._last_error = exc
             if self._transport is not None:
                 self._transport.abort()
 
+    def pause_writing(self) -> None:
+        """The socket's buffer is over its high mark: keep requests here (bounded by
+        ``write_buffer_bytes_max``) until ``resume_writing``."""
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._unsent or self._adds:
+            self._flush()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._paused = False
         self._unsent.clear()
+        self._unsent_bytes = sum(len(add[5]) for add in self._adds)
         reason = exc or self._last_error or "closed by peer"
         if not self._closed:
             self._log.info("connection to bookie lost", reason=str(reason))
@@ -343,7 +391,7 @@ class BookieChannel(asyncio.Protocol):
                     _, _, _, lac, entry_id, body, callback, deadline = group[i]
                     out.extend(add_request_frame(rid, add_request_tail(
                         ledger_id, entry_id, master_key, flags, lac, body)))
-                    pending[rid] = _Pending(callback, deadline)
+                    pending[rid] = _Pending(callback, deadline, Op.ADD)
                 else:
                     batch = group[i:j]
                     entry_ids = [a[4] for a in batch]
@@ -351,27 +399,31 @@ class BookieChannel(asyncio.Protocol):
                         rid, ledger_id, master_key, flags, max(a[3] for a in batch), entry_ids,
                         [a[5] for a in batch]))
                     pending[rid] = _Pending(_BatchCallback(ledger_id, entry_ids,
-                                                           [a[6] for a in batch]), batch[0][7])
+                                                           [a[6] for a in batch]), batch[0][7],
+                                            Op.ADD_BATCH)
                 i = j
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._adds and self._transport is not None:
             self._frame_adds()
-        if self._transport is None or not self._unsent:
+        if self._transport is None or not self._unsent or self._paused:
             return
         data = b"".join(self._unsent) if len(self._unsent) > 1 else self._unsent[0]
         self._unsent.clear()
+        self._unsent_bytes = 0
         self._transport.write(data)
 
     def _fail_all(self, error: BKError) -> None:
         adds, self._adds = self._adds, []
         for add in adds:
             add[6](error)
+        self._unsent_bytes = sum(len(piece) for piece in self._unsent)
         if not self._pending:
             return
         pending, self._pending = self._pending, {}
         self._unsent.clear()
+        self._unsent_bytes = 0
         for entry in pending.values():
             entry.callback(error)
 
@@ -389,6 +441,17 @@ class BookieChannel(asyncio.Protocol):
 
 
 K = TypeVar("K")
+R = TypeVar("R")
+
+
+def expect_answer(resp: Response, cls: type[R], bookie: BookieId) -> R:
+    """``resp`` as a ``cls``.  A channel hands each request only an answer of the
+    request's own op (any other fails it with BookieIOError), so a mismatch here means
+    a bookie answered out of turn: the same typed error, never an assert."""
+    if not isinstance(resp, cls):
+        raise BookieIOError(f"bookie {bookie} answered with a {type(resp).__name__}, "
+                            f"expected a {cls.__name__}")
+    return resp
 
 
 async def next_answers(inflight: dict[asyncio.Future[Response], K],
@@ -419,6 +482,7 @@ class BookieClient:
         requests_max: int,
         connect_timeout_s: float,
         reconnect_backoff_s_max: float,
+        write_buffer_bytes_max: int = 64 * 1024 * 1024,
         connector: Connector | None = None,
     ) -> None:
         self._kw: dict[str, Any] = dict(
@@ -426,6 +490,7 @@ class BookieClient:
             requests_max=requests_max,
             connect_timeout_s=connect_timeout_s,
             reconnect_backoff_s_max=reconnect_backoff_s_max,
+            write_buffer_bytes_max=write_buffer_bytes_max,
             connector=connector,
         )
         self._channels: dict[BookieId, BookieChannel] = {}
@@ -439,6 +504,12 @@ class BookieClient:
             ch = BookieChannel(bookie_id, **self._kw)
             self._channels[bookie_id] = ch
         return ch
+
+    def reset_backoff(self, bookie_id: BookieId) -> None:
+        """The bookie is back (registered anew): reconnect at once on the next send."""
+        ch = self._channels.get(bookie_id)
+        if ch is not None:
+            ch.reset_backoff()
 
     async def close(self) -> None:
         self._closed = True
