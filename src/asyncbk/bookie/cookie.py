@@ -110,6 +110,25 @@ def _write_local(path: Path, cookie: Cookie) -> None:
         os.close(fd)
 
 
+async def _missing_local_cookie(meta: MetadataStore, bookie_id: str, d: Path) -> str:
+    """Why a bookie with a registered cookie but none in ``d`` refuses to start, and
+    what to do.  Deleting the cookie is advised only while no bookie with this id is
+    registered: never against a live bookie."""
+    problem = (f"bookie {bookie_id} has a cookie in the metadata store, but {d} has none: "
+               f"its disk was wiped or replaced, or this is not its directory, and serving "
+               f"from it could lose acknowledged entries.")
+    if bookie_id in await meta.list_bookies():
+        return (f"{problem} A bookie with id {bookie_id} is registered right now: if it "
+                f"runs, leave it alone and give this one its own --port and directories; if "
+                f"it died moments ago, wait until its registration expires and check the "
+                f"directories again.")
+    return (f"{problem} First check that the directories are right (a typo, an unmounted "
+            f"disk). Only if its data is really gone or unwanted: re-replicate its ledgers "
+            f"(`asyncbk shell recover --metadata-uri URI {bookie_id}`), then remove its identity with `asyncbk "
+            f"shell bookieformat --metadata-uri URI --bookie-id {bookie_id} --delete-cookie "
+            f"--force` and start it again.")
+
+
 def _differences(a: Cookie, b: Cookie) -> str:
     other = asdict(b)
     return ", ".join(k for k, v in asdict(a).items() if other[k] != v)
@@ -150,13 +169,7 @@ async def check_or_format(
             f"did the bookie id change?). Refusing to start.")
     for d, local in ((journal_dir, local_j), (ledger_dir, local_l)):
         if local is None:
-            raise CookieError(
-                f"bookie {bookie_id} has a cookie in the metadata store, but {d} has none: its "
-                f"disk was wiped or "
-                f"replaced, and serving from it could lose acknowledged entries. If the data is "
-                f"really gone, re-replicate the bookie's ledgers, then remove its identity with "
-                f"`asyncbk shell bookieformat --metadata-uri URI --bookie-id {bookie_id} "
-                f"--delete-cookie` and start it again.")
+            raise CookieError(await _missing_local_cookie(meta, bookie_id, d))
         if local != remote:
             raise CookieError(
                 f"bookie {bookie_id}: the cookie in {d} does not match the registered one "

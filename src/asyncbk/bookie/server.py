@@ -1,7 +1,9 @@
 """A bookie server: storage + request processor + listener + registration.
 
-Start order: connect to the metadata store, check (or create) the cookie,
-open storage (replaying the journal), listen, register under a lease.  Only
+Start order: connect to the metadata store, make sure the port is free and no
+bookie with this id is registered and running (``startup``), lock the
+directories, check (or create) the cookie, open storage (replaying the
+journal), listen, register under a lease.  Only
 then does the bookie take adds.
 
 Stop order (graceful): refuse new adds and stop accepting connections, wait
@@ -32,6 +34,7 @@ from .gc import GarbageCollector
 from .http import AdminHttpServer
 from .processor import BookieState, RequestProcessor
 from .registration import Registration
+from .startup import check_not_running
 from .storage import LedgerStorage
 
 
@@ -80,6 +83,9 @@ class BookieServer:
         try:
             # The store first: a bookie that cannot reach it creates nothing on disk.
             self.meta = await open_metadata_store(cfg.metadata_uri, timeout_s=cfg.metadata_timeout_s)
+            # Before any verdict on the cookie: a second process for a live bookie (or
+            # on a taken port) is told so, not that its disk was wiped.
+            await check_not_running(self.meta, self.bookie_id, cfg.host, cfg.port)
             self._lock = DirectoryLock(Path(cfg.journal_dir), Path(cfg.ledger_dir))
             await asyncio.to_thread(self._lock.acquire)
             await check_or_format(self.meta, self.bookie_id, Path(cfg.journal_dir),
