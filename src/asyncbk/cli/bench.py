@@ -43,6 +43,7 @@ from typing import Any
 import aiofiles
 
 from .._version import __version__
+from ..local.process import guarded
 from .main import CliError
 
 LATENCY_US_MAX = 60_000_000
@@ -62,11 +63,28 @@ OPEN_LOOP_INFLIGHT_MAX = 50_000
 from each append's due time)."""
 
 
+BENCH_EXTRA_HINT = 'pip install "asyncbk[bench]"'
+
+
+def check_extras(args: argparse.Namespace) -> None:
+    """The packages of the ``bench`` extra this run needs are importable (CliError, one
+    line, if not); checked before any cluster is started."""
+    try:
+        import hdrh.histogram  # noqa: F401
+    except ImportError:
+        raise CliError(f"asyncbk bench needs hdrhistogram: {BENCH_EXTRA_HINT}") from None
+    if getattr(args, "plot", None):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CliError(f"--plot needs matplotlib: {BENCH_EXTRA_HINT}") from None
+
+
 def new_histogram() -> Any:
     try:
         from hdrh.histogram import HdrHistogram
     except ImportError:
-        raise CliError("the benchmark needs hdrhistogram: pip install 'asyncbk[bench]'") from None
+        raise CliError(f"asyncbk bench needs hdrhistogram: {BENCH_EXTRA_HINT}") from None
     return HdrHistogram(1, LATENCY_US_MAX, 3)
 
 
@@ -478,8 +496,9 @@ async def _run_processes(args: argparse.Namespace, metadata_uri: str, ledger_ids
         args = argparse.Namespace(**{**vars(args), "rate": args.rate / args.clients})
     start_at = time.time() + WORKER_START_DELAY_S
     outs = [os.path.join(workdir, f"worker-{i}.json") for i in range(args.clients)]
-    procs = [await asyncio.create_subprocess_exec(
-        *_worker_command(args, metadata_uri, entries[i], ledgers[i], ids[i], start_at, outs[i]))
+    # guarded: a client process dies with this one, even if this one is SIGKILLed
+    procs = [await asyncio.create_subprocess_exec(*guarded(
+        _worker_command(args, metadata_uri, entries[i], ledgers[i], ids[i], start_at, outs[i])))
         for i in range(args.clients)]
     expected_s = WORKER_START_DELAY_S + (args.duration or 3600.0)
     try:
@@ -526,11 +545,7 @@ def _validate(args: argparse.Namespace) -> None:
         raise CliError("--rate must be > 0 entries/s")
     if args.duration is not None and args.duration <= 0:
         raise CliError("--duration must be > 0 seconds")
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise CliError("--plot needs matplotlib: pip install 'asyncbk[bench]'") from None
+    check_extras(args)
 
 
 async def run_bench(args: argparse.Namespace) -> int:
@@ -539,7 +554,7 @@ async def run_bench(args: argparse.Namespace) -> int:
         return await run_worker(args)
     _validate(args)
     from ..client.client import BookKeeper
-    from ..testing.cluster import LocalCluster
+    from ..local import LocalCluster
 
     cluster = None
     metadata_uri = args.metadata_uri
@@ -677,4 +692,4 @@ def plot(result: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-__all__ = ["Recorder", "plot", "run_bench"]
+__all__ = ["Recorder", "check_extras", "plot", "run_bench"]

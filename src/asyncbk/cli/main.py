@@ -19,6 +19,9 @@ from ..errors import BKError, ConfigError
 EXIT_USAGE = 2
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
+ETCD_PORT_STANDALONE = 2379
+"""etcd's usual client port: ``asyncbk standalone`` takes it when free, so the URI in the
+README (``etcd://127.0.0.1:2379/asyncbk``) works as written."""
 
 
 class CliError(Exception):
@@ -53,7 +56,8 @@ def _port(text: str) -> int:
 def _add_log_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
                    help="log level (default: info for servers, warning for tools)")
-    p.add_argument("--log-json", action="store_true", help="log JSON lines instead of text")
+    p.add_argument("--log-json", action="store_true",
+                   help="log JSON lines instead of text (default: text)")
 
 
 def _positive_float(text: str) -> float:
@@ -84,9 +88,10 @@ def _non_negative_float(text: str) -> float:
 
 
 def _add_autorecovery_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lost-bookie-delay", type=_non_negative_float, default=30.0,
-                   metavar="SECONDS", help="a bookie gone this long is lost and its ledgers "
-                   "re-replicated (default 30)")
+    p.add_argument("--lost-bookie-delay", "--grace-s", dest="lost_bookie_delay",
+                   type=_non_negative_float, default=30.0, metavar="SECONDS",
+                   help="a bookie gone this long is lost and its ledgers re-replicated "
+                   "(default 30; --grace-s is another name for it)")
     p.add_argument("--audit-interval", type=_positive_float, default=60.0, metavar="SECONDS",
                    help="how often the auditor checks every ledger (default 60)")
     p.add_argument("--open-ledger-grace", type=_non_negative_float, default=30.0,
@@ -105,31 +110,55 @@ def _autorecovery_config(args: argparse.Namespace) -> Any:
                               rate_entries_per_s=args.rate).validate()
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Help that shows every option's default (unless its text already speaks of one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if ("default" in text or not action.option_strings
+                or action.default in (None, argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def _add_bench_options(p: argparse.ArgumentParser, default_quorum: int) -> None:
     p.add_argument("--entries", type=_positive_int, default=10_000,
-                   help="entries to write or read (default 10000)")
-    p.add_argument("--duration", type=_positive_float,
-                   help="stop after this many seconds even if --entries are not done")
+                   help="entries to write or read")
+    p.add_argument("--duration", type=_positive_float, metavar="SECONDS",
+                   help="stop after this many seconds even if --entries are not done "
+                   "(default: no time limit)")
     p.add_argument("--inflight", type=_positive_int, default=256,
-                   help="appends in flight, closed loop (default 256)")
-    p.add_argument("--rate", type=_positive_float,
-                   help="open loop: offer this many appends per second in total")
-    p.add_argument("--entry-size", type=_positive_int, default=1024, help="bytes per entry")
+                   help="appends in flight, closed loop")
+    p.add_argument("--rate", type=_positive_float, metavar="PER_S",
+                   help="open loop: offer this many appends per second in total (default: "
+                   "closed loop, --inflight appends in flight)")
+    p.add_argument("--entry-size", type=_positive_int, default=1024, metavar="BYTES",
+                   help="bytes per entry")
     p.add_argument("--ledgers", type=_positive_int, default=1,
-                   help="ledgers written or read in parallel (default 1)")
+                   help="ledgers written or read in parallel")
     p.add_argument("--clients", type=_positive_int, default=1,
-                   help="client processes sharing the work (default 1)")
-    p.add_argument("--ensemble", type=_positive_int, default=3)
-    p.add_argument("--write-quorum", type=_positive_int, default=default_quorum)
-    p.add_argument("--ack-quorum", type=_positive_int, default=2)
-    p.add_argument("--digest", default="xxh3", choices=["xxh3", "hmac-sha256", "none"])
+                   help="client processes sharing the work")
+    p.add_argument("--ensemble", type=_positive_int, default=3,
+                   help="ensemble size E: bookies each ledger is striped over")
+    p.add_argument("--write-quorum", type=_positive_int, default=default_quorum,
+                   help="write quorum Qw: bookies each entry is written to")
+    p.add_argument("--ack-quorum", type=_positive_int, default=2,
+                   help="ack quorum Qa: bookies that must have an entry before it is "
+                   "acknowledged")
+    p.add_argument("--digest", default="xxh3", choices=["xxh3", "hmac-sha256", "none"],
+                   help="digest of each entry")
     p.add_argument("--bookies", type=_positive_int, default=3,
                    help="bookies of the local cluster (without --metadata-uri)")
-    p.add_argument("--warmup", type=int, default=1000,
-                   help="entries appended before measuring writes (default 1000)")
-    p.add_argument("--metadata-uri", help="run against this cluster instead of a local one")
-    p.add_argument("--json", help="write the results as JSON to this file")
-    p.add_argument("--plot", help="draw latency distribution and throughput to this PNG")
+    p.add_argument("--warmup", type=int, default=1000, metavar="ENTRIES",
+                   help="entries appended before measuring writes")
+    p.add_argument("--metadata-uri",
+                   help="run against this cluster (default: start a local cluster of "
+                   "--bookies bookies on free ports, stopped afterwards)")
+    p.add_argument("--json", metavar="FILE",
+                   help="write the results as JSON to this file (default: no file)")
+    p.add_argument("--plot", metavar="PNG",
+                   help="draw latency distribution and throughput to this PNG, needs "
+                   "matplotlib (default: no plot)")
     # set by a --clients parent for its client processes
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     p.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
@@ -151,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default="asyncbk-data",
                    help="where etcd and the bookies keep their data (default ./asyncbk-data)")
     p.add_argument("--root", default="asyncbk", help="key prefix in etcd (default asyncbk)")
+    p.add_argument("--etcd-port", type=_port, default=None,
+                   help=f"etcd's client port (default: the port of the last run on --data-dir, "
+                   f"else {ETCD_PORT_STANDALONE} when it is free, else a free port; the "
+                   f"metadata URI printed says which)")
     _add_log_options(p)
 
     p = sub.add_parser("bookie", help="run one bookie server",
@@ -193,18 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
                        "prints a summary; --json and --plot save the results.")
     bsub = p.add_subparsers(dest="workload", metavar="WORKLOAD", parser_class=_Parser)
     w = bsub.add_parser("write", help="append throughput and latency",
-                        description="Append N entries over L ledgers, K in flight (closed "
+                        formatter_class=_DefaultsFormatter, description="Append N entries over L ledgers, K in flight (closed "
                         "loop) or at a fixed --rate (open loop); report throughput and latency "
                         "percentiles.")
     _add_bench_options(w, default_quorum=2)
     r = bsub.add_parser("read", help="catch-up and tailing read throughput and latency",
-                        description="catchup: write N entries (not timed), close the ledgers, "
+                        formatter_class=_DefaultsFormatter, description="catchup: write N entries (not timed), close the ledgers, "
                         "read them back in ranges of --batch. tail: follow ledgers with tail() "
                         "while a writer appends; latency from append to delivery.")
     r.add_argument("--mode", choices=["catchup", "tail"], default="catchup",
                    help="catchup (closed ledgers) or tail (behind a live writer)")
     r.add_argument("--batch", type=_positive_int, default=1000,
-                   help="entries per read call in catchup mode (default 1000)")
+                   help="entries per read call in catchup mode")
     _add_bench_options(r, default_quorum=3)
 
     p = sub.add_parser("shell", help="admin commands", description="Admin commands.")
@@ -302,7 +335,7 @@ def cmd_autorecovery(args: argparse.Namespace) -> int:
 
 
 def cmd_standalone(args: argparse.Namespace) -> int:
-    from ..testing.cluster import LocalCluster
+    from ..local import LocalCluster
 
     _configure_logging(args, "warning")
 
@@ -314,9 +347,17 @@ def cmd_standalone(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         data_dir = Path(args.data_dir)
+        cluster = LocalCluster(bookies=args.bookies, data_dir=data_dir, root=args.root,
+                               etcd_port=args.etcd_port,
+                               etcd_port_preferred=ETCD_PORT_STANDALONE,
+                               owner="asyncbk standalone")
         print(f"starting etcd and {args.bookies} bookies in {data_dir} ...", flush=True)
-        async with LocalCluster(bookies=args.bookies, data_dir=data_dir, root=args.root) as c:
+        async with cluster as c:
+            for note in c.notes:
+                print(f"note: {note}")
             print(f"metadata URI: {c.metadata_uri}")
+            if c.etcd is not None:
+                print(f"etcd {c.etcd.endpoint}  pid {c.etcd.pid}  log {c.etcd.log_path}")
             for b in c.bookies:
                 print(f"bookie {b.id}  pid {b.pid}  admin {b.http_url}  log {b.log_path}")
             print("ready; press Ctrl-C to stop", flush=True)
@@ -331,7 +372,9 @@ def cmd_standalone(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload not in ("write", "read"):
         raise CliError("choose a workload: asyncbk bench write --help, asyncbk bench read --help")
-    from .bench import run_bench
+    from .bench import check_extras, run_bench
+
+    check_extras(args)  # before anything is started
 
     _configure_logging(args, "warning")
     return _run(lambda: run_bench(args))

@@ -1,0 +1,443 @@
+"""``LocalCluster``: a real etcd and real bookie processes on loopback.
+
+What ``asyncbk standalone`` and ``asyncbk bench`` run, and what the
+integration tests use (``asyncbk.testing`` re-exports it).  Every process it
+starts is stopped on exit, also when the body raises or is cancelled, and on
+Linux is killed by the kernel if this process dies without a chance to stop
+them (SIGKILL; see ``process.guarded``).
+
+One cluster owns a data directory at a time (``process.DataDirLock``): a
+second one on the same directory is refused with a message naming the first,
+and a cluster started after an owner that died kills what that owner left
+running, once it has checked they really are its processes.
+
+Ports are free loopback ports chosen at first start and remembered in
+``<data_dir>/cluster.json``, so a cluster reopened on the same data directory
+gets the same bookie ids (a bookie id is ``host:port``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ..bookie.startup import port_free, port_user
+from ..client.client import BookKeeper
+from ..errors import BKError
+from .etcd import EtcdServer
+from .process import ChildRecord, DataDirLock, guarded, kill_leftovers, process_start_time
+
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A currently free TCP port on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))
+
+
+class _ChildProcess:
+    """Signals and stopping of one child process of a LocalCluster."""
+
+    cluster: LocalCluster
+    process: asyncio.subprocess.Process | None = None
+    log_path: Path
+    name: str = "process"
+    argv: list[str]
+    """The command line of the last start (what ``/proc/<pid>/cmdline`` shows)."""
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    async def _spawn(self, command: list[str], env: dict[str, str], ready: str) -> None:
+        """Start ``command`` (stderr to the log) and wait for the line ``ready`` on stdout."""
+        log = await asyncio.to_thread(open, self.log_path, "ab")
+        try:
+            self.argv = list(command)
+            self.process = await asyncio.create_subprocess_exec(
+                *guarded(command), stdout=asyncio.subprocess.PIPE, stderr=log,
+                stdin=asyncio.subprocess.DEVNULL, env=env, start_new_session=True)
+        finally:
+            log.close()
+        assert self.process.stdout is not None
+        try:
+            await self.cluster.record_processes()
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                while True:
+                    line = await self.process.stdout.readline()
+                    if not line:
+                        code = await self.process.wait()
+                        raise BKError(f"{self.name} exited with code {code} before it was "
+                                      f"ready; log tail:\n{_tail(self.log_path)}")
+                    if line.decode(errors="replace").strip() == ready:
+                        return
+        except TimeoutError:
+            self.kill()
+            raise BKError(f"{self.name} not ready after {READY_TIMEOUT_S}s; log tail:\n"
+                          f"{_tail(self.log_path)}") from None
+        except BaseException:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL: the process dies at once; whatever it had not fsynced is lost."""
+        self._signal(signal.SIGKILL)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process hangs (connections stay open, nothing is answered)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        if self.running:
+            assert self.process is not None
+            try:
+                self.process.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    async def wait(self) -> int:
+        assert self.process is not None
+        return await self.process.wait()
+
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Graceful stop (SIGTERM); SIGKILL if it has not exited after ``timeout_s``."""
+        if self.process is None:
+            return
+        if self.running:
+            self._signal(signal.SIGCONT)
+            self._signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self.process.wait()
+            except TimeoutError:
+                self.kill()
+        await self.process.wait()
+
+
+
+class LocalBookie(_ChildProcess):
+    """One bookie process of a LocalCluster."""
+
+    def __init__(self, cluster: LocalCluster, index: int, port: int,
+                 http_port: int | None = None) -> None:
+        self.cluster = cluster
+        self.index = index
+        self.port = port
+        self.http_port = http_port or free_port()
+        """Port of the bookie's HTTP admin endpoint (metrics, health, state)."""
+        self.id = f"127.0.0.1:{port}"
+        self.dir = cluster.data_dir / f"bookie-{index}"
+        self.journal_dir = self.dir / "journal"
+        self.ledger_dir = self.dir / "ledgers"
+        self.log_path = self.dir / "bookie.log"
+        self.config_path = self.dir / "bookie.toml"
+        self.name = f"bookie {self.id}"
+        self.process = None
+        self.argv = []
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "asyncbk", "bookie",
+            "--metadata-uri", self.cluster.metadata_uri,
+            "--port", str(self.port),
+            "--journal-dir", str(self.journal_dir),
+            "--ledger-dir", str(self.ledger_dir),
+            "--config", str(self.config_path),
+        ]
+
+    def _prepare_dir(self, config_text: str) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(config_text)
+
+    async def start(self) -> None:
+        """Start the process (same id, same directories) and wait for its ready line."""
+        if self.process is not None:
+            try:  # a kill() just before: give the process a moment to be reaped
+                async with asyncio.timeout(5):
+                    await self.process.wait()
+            except TimeoutError:
+                raise RuntimeError(f"bookie {self.id} is already running") from None
+        values = {"http_enabled": True, "http_port": self.http_port,
+                  **self.cluster.bookie_config}
+        config_text = "[bookie]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
+        await asyncio.to_thread(self._prepare_dir, config_text)
+        await self._spawn(self.command(), self.cluster.child_env(), f"ready {self.id}")
+
+
+class LocalAutoRecovery(_ChildProcess):
+    """An ``asyncbk autorecovery`` process of a LocalCluster."""
+
+    def __init__(self, cluster: LocalCluster, name: str, options: dict[str, Any]) -> None:
+        self.cluster = cluster
+        self.id = name
+        self.name = f"autorecovery {name}"
+        self.options = options
+        self.http_port = free_port()
+        self.log_path = cluster.data_dir / f"autorecovery-{name}.log"
+        self.process = None
+        self.argv = []
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "asyncbk", "autorecovery",
+               "--metadata-uri", self.cluster.metadata_uri, "--id", self.id,
+               "--http-port", str(self.http_port)]
+        for k, v in self.options.items():
+            cmd += [f"--{k.replace('_', '-')}", str(v)]
+        return cmd
+
+    async def start(self) -> None:
+        await self._spawn(self.command(), self.cluster.child_env(),
+                          f"ready autorecovery {self.id}")
+
+
+class LocalCluster:
+    """etcd + N bookie processes on loopback.
+
+    ``etcd_port``: etcd's client port, or an error if it is taken.  Without it,
+    the port of the last run on this data directory if still free, else
+    ``etcd_port_preferred`` if free, else a free port; ``notes`` says which
+    choice was not the expected one.  ``owner`` names the cluster in the message
+    a second cluster on the same data directory gets."""
+
+    def __init__(
+        self,
+        bookies: int = 3,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        root: str = "asyncbk",
+        bookie_config: dict[str, Any] | None = None,
+        etcd_port: int | None = None,
+        etcd_port_preferred: int | None = None,
+        bookie_ports: list[int] | None = None,
+        owner: str = "a LocalCluster",
+    ) -> None:
+        if bookies < 0:
+            raise ValueError("bookies must be >= 0")
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if data_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="asyncbk-")
+            data_dir = self._tmp.name
+        self.data_dir = Path(data_dir).resolve()
+        self.root = root
+        self.bookie_count = bookies
+        self.bookie_config: dict[str, Any] = {"lease_ttl_s": 4, **(bookie_config or {})}
+        self._etcd_port = etcd_port
+        self._etcd_port_saved: int | None = None
+        self._etcd_port_preferred = etcd_port_preferred
+        self._bookie_ports = list(bookie_ports or [])
+        self._http_ports: list[int] = []
+        self.etcd: EtcdServer | None = None
+        self.bookies: list[LocalBookie] = []
+        self.autorecovery: list[LocalAutoRecovery] = []
+        self._clients: list[BookKeeper] = []
+        self._dir_lock = DataDirLock(self.data_dir, owner)
+        self._recording = asyncio.Lock()  # one writer of the state file at a time
+        self.notes: list[str] = []
+        """What start() chose differently than asked or expected, and leftovers it
+        cleaned up, as sentences for the user."""
+
+    @property
+    def metadata_uri(self) -> str:
+        if self.etcd is None:
+            raise RuntimeError("cluster not started")
+        return self.etcd.uri(self.root)
+
+    def child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    # ------------------------------------------------------------------ layout
+
+    def _layout_path(self) -> Path:
+        return self.data_dir / "cluster.json"
+
+    def _load_layout(self) -> None:
+        p = self._layout_path()
+        if p.exists():
+            layout = json.loads(p.read_text())
+            self._etcd_port_saved = layout.get("etcd_port")
+            saved = layout.get("bookie_ports", [])
+            self._bookie_ports = self._bookie_ports or saved
+            self._http_ports = layout.get("http_ports", [])
+
+    def _choose_etcd_port(self) -> int | None:
+        """See the class docstring; None: a free port (etcd's runner picks it)."""
+        if self._etcd_port is not None:
+            return self._etcd_port  # the runner says so if it is taken
+        for port, what in ((self._etcd_port_saved, f"the port of the last run on "
+                            f"{self.data_dir}"),
+                           (self._etcd_port_preferred, "the default")):
+            if port is None:
+                continue
+            if port_free("127.0.0.1", port):
+                return port
+            who = port_user(port)
+            self.notes.append(f"port {port} ({what}) is in use (by {who or 'another process'}), "
+                              f"so etcd listens on a free port instead")
+            return None
+        return None
+
+    def _save_layout(self) -> None:
+        self._layout_path().write_text(json.dumps({
+            "etcd_port": self.etcd.port if self.etcd else self._etcd_port,
+            "bookie_ports": [b.port for b in self.bookies],
+            "http_ports": [b.http_port for b in self.bookies],
+        }, indent=2))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _take_data_dir(self) -> None:
+        """Own the data directory; kill what a dead previous owner left running."""
+        previous = self._dir_lock.acquire()
+        if previous is not None and previous.children:
+            try:
+                killed = kill_leftovers(previous)
+            except BaseException:
+                self._dir_lock.release()
+                raise
+            if killed:
+                self.notes.append(f"stopped {len(killed)} process(es) left running by an "
+                                  f"earlier run on {self.data_dir} (pid {previous.pid}, gone): "
+                                  + ", ".join(killed))
+
+    async def record_processes(self) -> None:
+        """Write every running child (pid, start time, command line) and the metadata URI
+        to the data directory's state file, for the clean-up after a crash."""
+        if not self._dir_lock.held:
+            return
+        children: list[ChildRecord] = []
+        if self.etcd is not None and self.etcd.pid is not None and self.etcd.running:
+            children.append(ChildRecord("etcd", self.etcd.pid, None, self.etcd.argv))
+        for p in (*self.bookies, *self.autorecovery):
+            if p.pid is not None and p.running:
+                children.append(ChildRecord(p.name, p.pid, None, p.argv))
+        state = self._dir_lock.state
+        state.metadata_uri = self.etcd.uri(self.root) if self.etcd and self.etcd.running else None
+
+        def write() -> None:
+            for c in children:
+                c.start_time = process_start_time(c.pid)
+            state.children = children
+            self._dir_lock.write()
+
+        async with self._recording:
+            await asyncio.to_thread(write)
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._take_data_dir)
+        try:
+            await asyncio.to_thread(self._load_layout)
+            port = await asyncio.to_thread(self._choose_etcd_port)
+            self.etcd = EtcdServer(self.data_dir / "etcd", port=port)
+            await self.etcd.start()
+            await self.record_processes()
+            for i in range(self.bookie_count):
+                port = self._bookie_ports[i] if i < len(self._bookie_ports) else free_port()
+                http = self._http_ports[i] if i < len(self._http_ports) else None
+                self.bookies.append(LocalBookie(self, i, port, http))
+            await asyncio.to_thread(self._save_layout)
+            await asyncio.gather(*(b.start() for b in self.bookies))
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def add_bookie(self) -> LocalBookie:
+        """Start one more bookie (a new id and directories)."""
+        index = len(self.bookies)
+        port = self._bookie_ports[index] if index < len(self._bookie_ports) else free_port()
+        bookie = LocalBookie(self, index, port)
+        self.bookies.append(bookie)
+        await asyncio.to_thread(self._save_layout)
+        await bookie.start()
+        return bookie
+
+    async def start_autorecovery(self, **options: Any) -> LocalAutoRecovery:
+        """Start an ``asyncbk autorecovery`` process; ``options`` are its command-line
+        options without dashes (``lost_bookie_delay=2``, ``rate=0``...)."""
+        ar = LocalAutoRecovery(self, f"ar{len(self.autorecovery)}", options)
+        self.autorecovery.append(ar)
+        await ar.start()
+        return ar
+
+    async def client(self, **options: Any) -> BookKeeper:
+        """A connected client, closed when the cluster stops."""
+        bk = await BookKeeper.connect(self.metadata_uri, **options)
+        self._clients.append(bk)
+        return bk
+
+    async def stop(self) -> None:
+        """Close clients, stop every bookie (SIGKILL after a timeout), stop etcd."""
+        clients, self._clients = self._clients, []
+        for bk in clients:
+            try:
+                await bk.close()
+            except BKError:
+                pass
+        procs: list[_ChildProcess] = [*self.autorecovery, *self.bookies]
+        await asyncio.gather(*(p.stop() for p in self.autorecovery), return_exceptions=True)
+        await asyncio.gather(*(b.stop() for b in self.bookies), return_exceptions=True)
+        for b in procs:  # whatever survived the graceful stop
+            b.kill()
+            if b.process is not None:
+                await b.process.wait()
+        if self.etcd is not None:
+            await self.etcd.stop()
+        if not (self.etcd is not None and self.etcd.running) and not any(
+                p.running for p in procs):
+            await asyncio.to_thread(self._dir_lock.release)
+
+    async def __aenter__(self) -> LocalCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        try:
+            await self.stop()
+        finally:
+            if self._tmp is not None:
+                self._tmp.cleanup()

