@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pty
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from asyncbk.testing.cluster import LocalCluster
+from asyncbk.cli.main import build_parser
+from asyncbk.errors import NoSuchLedgerError
+from asyncbk.testing.cluster import LocalCluster, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -25,9 +29,18 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None,
+            stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "asyncbk", *args], capture_output=True,
-                          text=True, timeout=timeout, env=_env())
+                          text=True, timeout=timeout, env=env or _env(), stdin=stdin)
+
+
+def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a failed command (asserts there is exactly one)."""
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
 
 
 @pytest.mark.parametrize("command", [
@@ -36,7 +49,7 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
     ["shell", "readledger"], ["shell", "simpletest"], ["shell", "bookieformat"],
     ["shell", "listunderreplicated"], ["shell", "whoisauditor"], ["shell", "recover"],
     ["shell", "decommission"], ["shell", "bookiesanity"], ["shell", "lastmark"],
-    ["autorecovery"],
+    ["shell", "deleteledger"], ["autorecovery"],
 ])
 def test_help_everywhere(command: list[str]) -> None:
     r = run_cli(*command, "--help")
@@ -95,7 +108,7 @@ def test_bad_config_value_is_one_line(tmp_path: Path) -> None:
 async def test_standalone_runs_and_stops_cleanly(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "asyncbk", "standalone", "--bookies", "2",
-        "--data-dir", str(tmp_path / "data"),
+        "--data-dir", str(tmp_path / "data"), "--etcd-port", str(free_port()),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env())
     assert proc.stdout is not None
     uri = None
@@ -268,3 +281,205 @@ async def test_shell_admin_commands(tmp_path: Path) -> None:
         # registered until its lease expires (4 s), unreachable all along
         assert "not registered" in r.stderr or "cannot reach the admin endpoint" in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ autorecovery --grace-s
+
+
+def test_autorecovery_grace_s_is_the_lost_bookie_delay() -> None:
+    base = ["autorecovery", "--metadata-uri", "etcd://127.0.0.1:1/x"]
+    assert build_parser().parse_args([*base, "--grace-s", "7"]).lost_bookie_delay == 7
+    assert build_parser().parse_args([*base, "--lost-bookie-delay", "9"]).lost_bookie_delay == 9
+    assert build_parser().parse_args(base).lost_bookie_delay == 30
+    r = run_cli("autorecovery", "--help")
+    assert "--grace-s" in r.stdout and "--lost-bookie-delay" in r.stdout
+    r = run_cli(*base, "--grace-s", "-1")
+    assert r.returncode == 2 and "must be >= 0" in r.stderr
+
+
+async def test_autorecovery_process_runs_with_grace_s(cluster: LocalCluster) -> None:
+    ar = await cluster.start_autorecovery(grace_s=2)
+    assert ar.running and "--grace-s" in ar.argv
+
+
+# ------------------------------------------------------------------ bookie start-up checks
+
+
+def _bookie_args(cluster: LocalCluster, port: int, where: Path) -> list[str]:
+    return ["bookie", "--metadata-uri", cluster.metadata_uri, "--port", str(port),
+            "--journal-dir", str(where / "journal"), "--ledger-dir", str(where / "ledgers")]
+
+
+async def test_bookie_on_the_port_of_a_live_bookie_is_told_so(cluster: LocalCluster,
+                                                              tmp_path: Path) -> None:
+    live = cluster.bookies[0]
+    r = await asyncio.to_thread(run_cli, *_bookie_args(cluster, live.port, tmp_path / "new"))
+    line = one_line_error(r)
+    assert f"a bookie with id {live.id} is already registered and running" in line
+    assert "--delete-cookie" not in line and "wiped" not in line
+    bk = await cluster.client()
+    assert await bk.meta.read_cookie(live.id) is not None  # nothing touched
+    assert live.running and live.id in await bk.meta.list_bookies()
+    assert not (tmp_path / "new").exists()
+
+
+async def test_bookie_on_a_port_another_process_uses_is_told_so(cluster: LocalCluster,
+                                                                tmp_path: Path) -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        r = await asyncio.to_thread(run_cli, *_bookie_args(cluster, port, tmp_path / "b"))
+    line = one_line_error(r)
+    assert f"port {port} is in use (by pid {os.getpid()}" in line
+    assert "choose another --port" in line
+    assert "cookie" not in line
+
+
+async def test_wiped_bookie_advice_comes_only_when_it_is_not_live(cluster: LocalCluster,
+                                                                  tmp_path: Path) -> None:
+    b = cluster.bookies[0]
+    await b.stop()  # gracefully: its registration is gone at once
+    r = await asyncio.to_thread(run_cli, *_bookie_args(cluster, b.port, tmp_path / "empty"))
+    line = one_line_error(r)
+    assert "disk was wiped or replaced" in line
+    assert "--delete-cookie" in line and "really gone" in line
+    await b.start()  # its own directories: fine
+
+
+async def test_a_crashed_bookie_restarts_while_its_registration_lingers(
+        cluster: LocalCluster) -> None:
+    """SIGKILL leaves the registration until the lease expires; nothing answers at the
+    address, so a restart is not mistaken for a second live process."""
+    b = cluster.bookies[1]
+    b.kill()
+    await b.wait()
+    bk = await cluster.client()
+    assert b.id in await bk.meta.list_bookies()  # the lease (4 s) has not expired yet
+    await b.start()
+    assert b.running
+
+
+# ------------------------------------------------------------------ shell
+
+
+async def test_shell_on_a_wrong_root_says_there_is_no_cluster(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 2, 2)
+    await lh.close()
+    wrong = cluster.metadata_uri.rsplit("/", 1)[0] + "/wrongroot"
+    for command in ("listbookies", "listledgers", "listunderreplicated", "simpletest"):
+        r = await asyncio.to_thread(run_cli, "shell", command, "--metadata-uri", wrong)
+        line = one_line_error(r)
+        assert f"no asyncbk cluster at {wrong}" in line
+        assert "no bookies are registered and no ledgers" in line
+    r = await asyncio.to_thread(run_cli, "shell", "listledgers", "--metadata-uri", wrong)
+    assert r.stdout == ""
+    for uri in (cluster.metadata_uri, cluster.metadata_uri + "/"):  # the right root works
+        r = await asyncio.to_thread(run_cli, "shell", "listledgers", "--metadata-uri", uri)
+        assert r.returncode == 0 and r.stdout.split() == [str(lh.id)], r.stderr
+
+
+def _run_with_terminal(args: list[str], typed: str) -> subprocess.CompletedProcess[str]:
+    """Run the CLI with a terminal as stdin, on which ``typed`` is typed."""
+    primary, secondary = pty.openpty()
+    try:
+        with subprocess.Popen([sys.executable, "-m", "asyncbk", *args], stdin=secondary,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env()) as p:
+            os.write(primary, typed.encode())
+            out, err = p.communicate(timeout=60)
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    finally:
+        os.close(primary)
+        os.close(secondary)
+
+
+async def test_shell_custom_metadata_and_deleteledger(cluster: LocalCluster) -> None:
+    bk = await cluster.client()
+    lh = await bk.create_ledger(3, 2, 2, metadata={"app": b"demo", "blob": b"\xff\x00"})
+    await lh.append(b"x")
+    await lh.close()
+    uri = cluster.metadata_uri
+    r = await asyncio.to_thread(run_cli, "shell", "ledgermetadata", "--metadata-uri", uri,
+                                str(lh.id))
+    assert json.loads(r.stdout)["custom"] == {"app": "demo", "blob": {"hex": "ff00"}}
+
+    delete = ["shell", "deleteledger", "--metadata-uri", uri, str(lh.id)]
+    line = one_line_error(await asyncio.to_thread(run_cli, *delete))  # stdin not a terminal
+    assert "not deleting ledger" in line and "--force" in line
+    r = await asyncio.to_thread(_run_with_terminal, delete, "no\n")
+    assert r.returncode == 1 and f"ledger {lh.id} not deleted" in r.stderr, r.stderr
+    assert "Type yes" in r.stdout and '"app": "demo"' in r.stdout
+    assert (await bk.ledger_metadata(lh.id)).ledger_id == lh.id  # still there
+    r = await asyncio.to_thread(_run_with_terminal, delete, "yes\n")
+    assert r.returncode == 0 and f"deleted ledger {lh.id}" in r.stdout, r.stderr
+    with pytest.raises(NoSuchLedgerError):
+        await bk.ledger_metadata(lh.id)
+
+    lh2 = await bk.create_ledger(3, 2, 2)
+    r = await asyncio.to_thread(run_cli, "shell", "deleteledger", "--metadata-uri", uri,
+                                str(lh2.id), "--force")
+    assert r.returncode == 0 and f"deleted ledger {lh2.id}" in r.stdout, r.stderr
+    with pytest.raises(NoSuchLedgerError):
+        await bk.ledger_metadata(lh2.id)
+    line = one_line_error(await asyncio.to_thread(
+        run_cli, "shell", "deleteledger", "--metadata-uri", uri, "999999999", "--force"))
+    assert "ledger 999999999 does not exist" in line
+
+
+async def test_bookieformat_refuses_a_live_bookie(cluster: LocalCluster) -> None:
+    live = cluster.bookies[0]
+    line = one_line_error(await asyncio.to_thread(
+        run_cli, "shell", "bookieformat", "--metadata-uri", cluster.metadata_uri,
+        "--bookie-id", live.id, "--delete-cookie", "--force"))
+    assert f"bookie {live.id} is registered" in line and "decommission" in line
+    bk = await cluster.client()
+    assert await bk.meta.read_cookie(live.id) is not None
+
+
+# ------------------------------------------------------------------ bench
+
+
+def _without(tmp_path: Path, *packages: str) -> dict[str, str]:
+    """An environment in which importing ``packages`` fails (as when not installed)."""
+    shadow = tmp_path / "shadow"
+    for name in packages:
+        (shadow / name).mkdir(parents=True)
+        (shadow / name / "__init__.py").write_text(f"raise ImportError('no {name} here')\n")
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join([str(shadow), env["PYTHONPATH"]])
+    return env
+
+
+@pytest.mark.parametrize(("missing", "extra", "expect"), [
+    ("hdrh", [], "asyncbk bench needs hdrhistogram"),
+    ("matplotlib", ["--plot", "x.png"], "--plot needs matplotlib"),
+])
+def test_bench_checks_its_extra_before_starting_a_cluster(
+        tmp_path: Path, missing: str, extra: list[str], expect: str) -> None:
+    r = run_cli("bench", "write", "--entries", "10", *extra, timeout=30,
+                env=_without(tmp_path, missing))
+    line = one_line_error(r)
+    assert expect in line and 'pip install "asyncbk[bench]"' in line
+    assert "starting a local cluster" not in r.stderr
+
+
+@pytest.mark.parametrize("workload", ["write", "read"])
+def test_bench_help_shows_every_default(workload: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "asyncbk", "bench", workload, "--help"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**_env(), "COLUMNS": "400"})
+    assert r.returncode == 0
+    options = r.stdout.split("\noptions:\n", 1)[1]
+    entries: list[str] = []
+    for line in options.splitlines():
+        if line.startswith("  -"):
+            entries.append(line)
+        elif entries:
+            entries[-1] += " " + line.strip()
+    assert len(entries) > 15
+    for entry in entries:
+        if entry.split()[0] == "-h,":
+            continue
+        assert "default" in entry, f"no help or default: {entry}"

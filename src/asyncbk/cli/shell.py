@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import BKError
+
 
 def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], None]) -> None:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -31,6 +33,11 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
     p.add_argument("--last", type=int, default=None, help="default: the last confirmed entry")
     p.add_argument("--password", default="", help="the ledger's password (text)")
     p.add_argument("--format", choices=["text", "hex", "json"], default="text")
+    p = command("deleteledger", "delete a ledger (its metadata; bookies reclaim the space "
+                "later); asks first unless --force")
+    p.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
+    p.add_argument("--force", action="store_true",
+                   help="delete without asking (required when stdin is not a terminal)")
     p = command("simpletest", "create a ledger, write N entries, read them back, delete it")
     p.add_argument("--entries", type=int, default=100)
     p.add_argument("--ensemble", type=int, default=3)
@@ -92,8 +99,43 @@ def _md_json(md: Any) -> dict[str, Any]:
         "ack_quorum": md.ack_quorum, "digest": md.digest, "last_entry_id": md.last_entry_id,
         "length": md.length, "ctime": md.ctime,
         "ensembles": [[first, list(bookies)] for first, bookies in md.ensembles],
-        "custom": {k: v.hex() for k, v in md.custom.items()}, "version": md.version,
+        "custom": {k: _custom_value(v) for k, v in md.custom.items()}, "version": md.version,
     }
+
+
+def _custom_value(value: bytes) -> str | dict[str, str]:
+    """Custom metadata as text when it is UTF-8, else ``{"hex": "..."}``."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"hex": value.hex()}
+
+
+def _unexpected(what: str, resp: Any, expected: type) -> BKError:
+    """A bookie answered a request with the wrong kind of message."""
+    from ..errors import BadRequestError
+
+    return BadRequestError(f"{what}: the bookie answered with {type(resp).__name__}, "
+                           f"expected {expected.__name__}")
+
+
+async def _require_cluster(bk: Any, uri: str) -> None:
+    """Refuse to go on (CliError) when nothing of an asyncbk cluster is under the URI's
+    root: no bookie registered, no ledger, no under-replication mark, no auditor.  A
+    wrong root otherwise looks like an empty cluster."""
+    from ..meta.keys import AUDITOR_LOCK
+    from .main import CliError
+
+    if await bk.meta.list_bookies():
+        return
+    async for _ in bk.list_ledgers():
+        return
+    if await bk.meta.list_underreplicated() or await bk.meta.lock_holder(AUDITOR_LOCK):
+        return
+    raise CliError(f"no asyncbk cluster at {uri}: no bookies are registered and no ledgers "
+                   f"exist under root {bk.meta.root or '/'!r}. Check the root (the path of "
+                   f"--metadata-uri; `asyncbk standalone` prints the URI), or start the "
+                   f"cluster's bookies")
 
 
 def _lastmark(args: argparse.Namespace) -> int:
@@ -142,7 +184,6 @@ LOCK_LEASE_TTL_S = 30
 async def _recover_one(bk: Any, md: Any, bookie: str, available: set[str], writable: list[str],
                        limiter: Any, stats: Any, dry_run: bool, skip_open: bool) -> bool:
     from ..autorecovery.replication import needs_recovery_first, replicate_ledger
-    from ..errors import BKError
 
     try:
         if needs_recovery_first(md, available):
@@ -220,7 +261,6 @@ async def _recover(bk: Any, bookie: str, rate: float, dry_run: bool, skip_open: 
 
 async def _bookie_info(bk: Any, bookie: str) -> str:
     """Free disk and version of a bookie, asked over the protocol (BOOKIE_INFO)."""
-    from ..errors import BKError
     from ..proto import BookieInfoRequest, BookieInfoResponse
 
     ch = bk.bookie_client.channel(bookie)
@@ -228,7 +268,8 @@ async def _bookie_info(bk: Any, bookie: str) -> str:
         resp = await ch.request(BookieInfoRequest(ch.next_request_id()), 5.0)
     except BKError as exc:
         return f"(no answer: {exc})"
-    assert isinstance(resp, BookieInfoResponse)
+    if not isinstance(resp, BookieInfoResponse):
+        return f"(unexpected answer: {type(resp).__name__})"
     free_gib = resp.free_bytes / 2**30
     used = 1 - resp.free_bytes / resp.total_bytes if resp.total_bytes else 0.0
     return f"free {free_gib:.1f} GiB ({used:.0%} used)\tversion {resp.version}"
@@ -260,17 +301,56 @@ async def _bookiesanity(bk: Any, bookie: str, entries: int) -> bool:
     for e in range(entries):
         resp = await ch.request(AddRequest(ch.next_request_id(), ledger_id, e, key, 0, e - 1,
                                            b"sanity-%d" % e), timeout)
-        assert isinstance(resp, AddResponse)
+        if not isinstance(resp, AddResponse):
+            raise _unexpected(f"add {e} to {bookie}", resp, AddResponse)
         if resp.status != Status.OK:
             print(f"add {e} answered {Status(resp.status).name}")
             return False
     for e in range(entries):
         resp = await ch.request(ReadRequest(ch.next_request_id(), ledger_id, e, 0, b""), timeout)
-        assert isinstance(resp, ReadResponse)
+        if not isinstance(resp, ReadResponse):
+            raise _unexpected(f"read {e} from {bookie}", resp, ReadResponse)
         if resp.status != Status.OK or resp.body != b"sanity-%d" % e:
             print(f"read {e} answered {Status(resp.status).name}")
             return False
     return True
+
+
+async def _read_line(stream: Any) -> str:
+    """One line from a terminal, without blocking the event loop ("" at end of input)."""
+    loop = asyncio.get_running_loop()
+    line: asyncio.Future[str] = loop.create_future()
+
+    def readable() -> None:
+        if not line.done():
+            line.set_result(stream.readline())
+
+    loop.add_reader(stream.fileno(), readable)
+    try:
+        return await line
+    finally:
+        loop.remove_reader(stream.fileno())
+
+
+async def _confirm_delete(md: Any) -> None:
+    """Ask on the terminal before deleting; refuse (CliError) without a terminal."""
+    import sys
+
+    from .main import CliError
+
+    lid = md.ledger_id
+    if not sys.stdin.isatty():
+        raise CliError(f"not deleting ledger {lid} without confirmation (stdin is not a "
+                       f"terminal); add --force to delete it")
+    entries = md.last_entry_id + 1 if md.state.value == "CLOSED" else None
+    what = (f"{md.state.value}, {entries} entries, {md.length} bytes" if entries is not None
+            else f"{md.state.value}: a writer may still be appending to it")
+    custom = json.dumps({k: _custom_value(v) for k, v in md.custom.items()})
+    print(f"delete ledger {lid} ({what}; custom metadata {custom})? This cannot be undone. "
+          f"Type yes to delete: ", end="", flush=True)
+    answer = await _read_line(sys.stdin)
+    if answer.strip().lower() != "yes":
+        raise CliError(f"ledger {lid} not deleted")
 
 
 def run_shell(args: argparse.Namespace, run: Callable[..., int],
@@ -287,6 +367,8 @@ def run_shell(args: argparse.Namespace, run: Callable[..., int],
     async def go() -> int:
         async with await BookKeeper.connect(args.metadata_uri) as bk:
             cmd = args.shell_command
+            if cmd != "bookieformat":  # that one must work with every bookie down
+                await _require_cluster(bk, args.metadata_uri)
             if cmd == "listbookies":
                 view = await bk.meta.list_bookies()
                 if not view:
@@ -315,6 +397,12 @@ def run_shell(args: argparse.Namespace, run: Callable[..., int],
                                               "data": e.data.decode("utf-8", "backslashreplace")}))
                         else:
                             print(f"{e.entry_id}\t{e.data.decode('utf-8', 'backslashreplace')}")
+            elif cmd == "deleteledger":
+                md = await bk.ledger_metadata(args.ledger_id)
+                if not args.force:
+                    await _confirm_delete(md)
+                await bk.delete_ledger(args.ledger_id)
+                print(f"deleted ledger {args.ledger_id}")
             elif cmd == "simpletest":
                 t0 = time.perf_counter()
                 lh = await bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
@@ -373,6 +461,12 @@ def run_shell(args: argparse.Namespace, run: Callable[..., int],
             elif cmd == "bookieformat":
                 if not args.force:
                     raise CliError("bookieformat destroys a bookie's identity; add --force")
+                if args.bookie_id in await bk.meta.list_bookies():
+                    raise CliError(
+                        f"bookie {args.bookie_id} is registered: it is running (or stopped "
+                        f"less than a lease ago). Never format a live bookie: to retire it, "
+                        f"use `asyncbk shell decommission {args.bookie_id}`; otherwise stop "
+                        f"it and wait until it is no longer listed by listbookies")
                 if args.delete_cookie:
                     await bk.meta.delete_cookie(args.bookie_id)
                     print(f"deleted cookie of {args.bookie_id}")
