@@ -49,6 +49,17 @@ def soak(session: nox.Session) -> None:
 
 
 @nox.session
+def nemesis(session: nox.Session) -> None:
+    """The rolling-fault nemesis for 5 minutes (NEMESIS_S; the default test run gives it
+    35 s) and the simulator's rolling-restart scenario over 20 seeds."""
+    session.install("-e", ".[test]")
+    session.env.setdefault("NEMESIS_S", "300")
+    session.env.setdefault("SIM_ROLLING_SEEDS", ",".join(str(s) for s in range(1, 21)))
+    session.run("pytest", "tests/integration/test_nemesis.py", "tests/sim/test_rolling.py",
+                "-q", "-s", "-o", "timeout=900", *session.posargs)
+
+
+@nox.session
 def sim(session: nox.Session) -> None:
     """Many more simulator seeds than the default test run (SIM_SEEDS, default 5000)."""
     session.install("-e", ".[test]")
