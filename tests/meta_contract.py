@@ -300,3 +300,33 @@ class MetadataStoreContract:
         assert await a.clear_underreplicated(12, fresh.version)
         assert not await a.clear_underreplicated(12, fresh.version)  # already gone
         assert [m.ledger_id for m in await b.list_underreplicated()] == [3]
+
+    # --- generic keys ------------------------------------------------------
+
+    async def test_kv_transactions_are_all_or_nothing(self, make_store: StoreFactory) -> None:
+        a, b = await make_store(), await make_store()
+        p = f"{a.root}/kvtest/"
+        assert await a.kv_get(p + "x") is None
+        rev = await a.kv_txn([(p + "x", 0)], put=[(p + "x", b"1"), (p + "y", b"2")])
+        x = await b.kv_get(p + "x")
+        assert x is not None and (x.value, x.version) == (b"1", rev)
+        # A stale compare changes nothing, and names the key.
+        with pytest.raises(MetadataVersionError, match="kvtest/x"):
+            await b.kv_txn([(p + "y", rev), (p + "x", 0)], put=[(p + "z", b"3")],
+                           delete=[p + "y"])
+        assert await a.kv_get(p + "z") is None and await a.kv_get(p + "y") is not None
+        # Concurrent CAS on one version: exactly one wins.
+        results = await asyncio.gather(
+            a.kv_txn([(p + "x", rev)], put=[(p + "x", b"a")]),
+            b.kv_txn([(p + "x", rev)], put=[(p + "x", b"b")]), return_exceptions=True)
+        assert sum(isinstance(r, int) for r in results) == 1
+        assert sum(isinstance(r, MetadataVersionError) for r in results) == 1
+        # Ranges are in key order, pageable; a prefix delete takes every key under it.
+        await a.kv_txn([], put=[(p + f"s/{i:03d}", b"%d" % i) for i in range(5)])
+        page = await a.kv_range(p + "s/", limit=2)
+        assert [kv.key for kv in page] == [p + "s/000", p + "s/001"]
+        rest = await a.kv_range(p + "s/", after=page[-1].key)
+        assert [kv.value for kv in rest] == [b"2", b"3", b"4"]
+        await b.kv_txn([], delete_prefix=[p + "s/"], delete=[p + "x"])
+        assert await a.kv_range(p + "s/") == [] and await a.kv_get(p + "x") is None
+        assert await a.kv_get(p + "y") is not None

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,6 +29,16 @@ class BookieRegistration:
     def session(self) -> Any:
         """What tells this registration from the bookie's earlier ones (None if unknown)."""
         return self.info.get(SESSION_KEY)
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    """A key of the generic key-value section, with its value and version (the store
+    revision of its last change; compare-and-swap compares it)."""
+
+    key: str
+    value: bytes
+    version: int
 
 
 @dataclass(frozen=True)
@@ -165,6 +175,28 @@ class MetadataStore(Protocol):
     async def clear_underreplicated(self, ledger_id: int, version: int) -> bool:
         """Remove the mark if it is still at ``version``; False if it changed (a new
         loss was marked meanwhile) or is gone."""
+        ...
+
+    # --- generic keys (layers above: streams and namespaces) -------------
+    # Keys are full keys built by ``meta.keys`` (under ``root``).
+
+    async def kv_get(self, key: str) -> KeyValue | None:
+        ...
+
+    async def kv_range(self, prefix: str, *, after: str | None = None,
+                       limit: int = 0) -> list[KeyValue]:
+        """Keys starting with ``prefix`` (and greater than ``after``), in key order; at
+        most ``limit`` of them (0: all)."""
+        ...
+
+    async def kv_txn(self, compare: Sequence[tuple[str, int]],
+                     put: Sequence[tuple[str, bytes]] = (), delete: Sequence[str] = (),
+                     delete_prefix: Sequence[str] = ()) -> int:
+        """One atomic transaction: if every key of ``compare`` is at its version (0:
+        the key is absent), write ``put``, remove ``delete`` and every key under each
+        of ``delete_prefix``, all at one new revision, which is returned.  Otherwise
+        nothing changes and MetadataVersionError names a key that differed.
+        MetadataError (outcome unknown) is never retried blindly: re-read and check."""
         ...
 
     async def close(self) -> None:

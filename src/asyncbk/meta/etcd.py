@@ -61,6 +61,7 @@ from ..types import BookieId
 from . import keys
 from .api import (
     BookieRegistration,
+    KeyValue,
     UnderReplicated,
     pack_underreplicated,
     unpack_underreplicated,
@@ -683,6 +684,53 @@ class EtcdMetadataStore:
             lambda c: c.delete_range(_key(key)),
             retry_unknown=True,
         )
+
+    # --- generic keys ----------------------------------------------------
+
+    async def kv_get(self, key: str) -> KeyValue | None:
+        resp = await self._call(f"read {key}", lambda c: c.range(_key(key)), retry_unknown=True)
+        kvs = list(resp.kvs or [])
+        if not kvs:
+            return None
+        return KeyValue(key, bytes(kvs[0].value or b""), int(kvs[0].mod_revision))
+
+    async def kv_range(self, prefix: str, *, after: str | None = None,
+                       limit: int = 0) -> list[KeyValue]:
+        start = _key(after) + b"\0" if after is not None else _key(prefix)
+        resp = await self._call(
+            f"range {prefix}",
+            lambda c: c.range(start, range_end=_prefix_end(prefix), limit=limit),
+            retry_unknown=True,
+        )
+        return [KeyValue(bytes(kv.key).decode(), bytes(kv.value or b""), int(kv.mod_revision))
+                for kv in resp.kvs or []]
+
+    async def kv_txn(self, compare: Sequence[tuple[str, int]],
+                     put: Sequence[tuple[str, bytes]] = (), delete: Sequence[str] = (),
+                     delete_prefix: Sequence[str] = ()) -> int:
+        compares = [_compare_absent(k) if v == 0 else _compare_mod(k, v) for k, v in compare]
+
+        def op(c: Any) -> Awaitable[Any]:
+            success = [c.delete_range(_key(k), txn_obj=True) for k in delete]
+            success += [c.delete_range(_key(p), range_end=_prefix_end(p), txn_obj=True)
+                        for p in delete_prefix]
+            success += [c.put(_key(k), bytes(v), txn_obj=True) for k, v in put]
+            return c.txn(compare=compares, success=success,
+                         failure=[c.range(_key(k), keys_only=True, txn_obj=True)
+                                  for k, _ in compare])
+
+        what = f"transaction on {compare[0][0] if compare else 'keys'}"
+        resp = await self._call(what, op)
+        if resp.succeeded:
+            return int(resp.header.revision)
+        for (key, version), r in zip(compare, resp.responses or [], strict=False):
+            kvs = list(r.response_range.kvs or []) if r.response_range is not None else []
+            current = int(kvs[0].mod_revision) if kvs else 0
+            if current != version:
+                raise MetadataVersionError(
+                    f"{key} is {'absent' if not kvs else f'at version {current}'}, "
+                    f"not {'absent' if version == 0 else f'at version {version}'}")
+        raise MetadataVersionError(f"{what} lost a race")
 
     async def get_or_create_instance_id(self) -> str:
         key = keys.instance_id(self.root)

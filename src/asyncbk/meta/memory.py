@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ from ..types import BookieId
 from . import keys
 from .api import (
     BookieRegistration,
+    KeyValue,
     UnderReplicated,
     pack_underreplicated,
     unpack_underreplicated,
@@ -495,6 +496,41 @@ class MemoryMetadataStore:
         if self.state.get(key) is not None:
             self.state.next_revision()
             self.state.delete(key)
+
+    # --- generic keys ----------------------------------------------------
+
+    async def kv_get(self, key: str) -> KeyValue | None:
+        await self._enter()
+        entry = self.state.get(key)
+        return None if entry is None else KeyValue(key, entry.value, entry.mod_revision)
+
+    async def kv_range(self, prefix: str, *, after: str | None = None,
+                       limit: int = 0) -> list[KeyValue]:
+        await self._enter()
+        out = [KeyValue(k, e.value, e.mod_revision) for k, e in self.state.range(prefix)
+               if after is None or k.encode() > after.encode()]
+        return out[:limit] if limit > 0 else out
+
+    async def kv_txn(self, compare: Sequence[tuple[str, int]],
+                     put: Sequence[tuple[str, bytes]] = (), delete: Sequence[str] = (),
+                     delete_prefix: Sequence[str] = ()) -> int:
+        await self._enter()
+        for key, version in compare:
+            entry = self.state.get(key)
+            current = 0 if entry is None else entry.mod_revision
+            if current != version:
+                raise MetadataVersionError(
+                    f"{key} is {'absent' if entry is None else f'at version {current}'}, "
+                    f"not {'absent' if version == 0 else f'at version {version}'}")
+        revision = self.state.next_revision()
+        for key in delete:
+            self.state.delete(key)
+        for prefix in delete_prefix:
+            for key, _ in self.state.range(prefix):
+                self.state.delete(key)
+        for key, value in put:
+            self.state.put(key, value, revision)
+        return revision
 
     async def get_or_create_instance_id(self) -> str:
         await self._enter()
