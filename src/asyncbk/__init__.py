@@ -12,12 +12,21 @@ from ._version import __version__
 from .types import LedgerEntry
 
 if TYPE_CHECKING:
-    from .client.client import BookKeeper
     from .client.ledger import LedgerHandle, ReadHandle
     from .meta.model import LedgerMetadata, LedgerState
+    from .stream.client import BookKeeper
+    from .stream.namespace import Namespace
+    from .stream.position import Position
+    from .stream.reader import StreamReader, StreamRecord
+    from .stream.writer import StreamWriter
 
 _LAZY = {
-    "BookKeeper": ("asyncbk.client.client", "BookKeeper"),
+    "BookKeeper": ("asyncbk.stream.client", "BookKeeper"),
+    "Namespace": ("asyncbk.stream.namespace", "Namespace"),
+    "Position": ("asyncbk.stream.position", "Position"),
+    "StreamRecord": ("asyncbk.stream.reader", "StreamRecord"),
+    "StreamReader": ("asyncbk.stream.reader", "StreamReader"),
+    "StreamWriter": ("asyncbk.stream.writer", "StreamWriter"),
     "LedgerHandle": ("asyncbk.client.ledger", "LedgerHandle"),
     "ReadHandle": ("asyncbk.client.ledger", "ReadHandle"),
     "LedgerMetadata": ("asyncbk.meta.model", "LedgerMetadata"),
@@ -35,6 +44,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "BookKeeper", "LedgerEntry", "LedgerHandle", "LedgerMetadata", "LedgerState", "ReadHandle",
-    "__version__", "errors",
+    "BookKeeper", "LedgerEntry", "LedgerHandle", "LedgerMetadata", "LedgerState", "Namespace",
+    "Position", "ReadHandle", "StreamReader", "StreamRecord", "StreamWriter", "__version__",
+    "errors",
 ]

@@ -91,6 +91,52 @@ class ConfigError(BKError):
     """A configuration file or option is invalid."""
 
 
+class NoSuchNamespaceError(BKError):
+    """No namespace of that name exists."""
+
+
+class NamespaceExistsError(BKError):
+    """A namespace of that name exists already."""
+
+
+class NamespaceNotEmptyError(BKError):
+    """The namespace still holds streams (delete them, or pass ``force=True``)."""
+
+
+class NoSuchStreamError(BKError):
+    """No stream of that name exists in the namespace."""
+
+
+class StreamExistsError(BKError):
+    """A stream of that name exists already in the namespace."""
+
+
+class InvalidNameError(BKError, ValueError):
+    """A namespace or stream name that is empty, too long or badly formed."""
+
+
+class InvalidTxidError(BKError, ValueError):
+    """A stream record's txid is negative, not an int, or less than the previous one."""
+
+
+class WriterFencedError(BKError):
+    """Another writer opened the stream: this writer can write nothing more."""
+
+
+class TruncatedError(BKError):
+    """The position asked for was truncated away (or dropped by retention)."""
+
+
+class EndOfStreamError(BKError):
+    """The stream was marked ended and every record has been read (or a write was
+    attempted after the end)."""
+
+
+class CorruptRecordError(BKError):
+    """A stream entry that does not decode as a batch of records (not written by a
+    stream writer, or damaged)."""
+
+
 class ProtocolError(Exception):
     """Bad wire input: an oversized, truncated or malformed frame or message."""
 

@@ -17,11 +17,24 @@ Every key lives under the root prefix of the metadata URI
     <root>/underreplication/locks/<name>
                                        lease-bound locks: "auditor" (the elected
                                        auditor), "ledger-<id>" (a replication worker)
+    <root>/streams/ns/<namespace>      a namespace: its defaults (msgpack map)
+    <root>/streams/log/<namespace>/<stream>
+                                       a stream: its overrides, the highest segment
+                                       number it ever had, end-of-stream (msgpack map)
+    <root>/streams/seg/<namespace>/<stream>/<segment:020d>
+                                       one segment of a stream (msgpack map; see
+                                       asyncbk.stream.meta); a range lists them in order
+
+Stream names may hold any character but control characters; in keys they are
+percent-encoded (``/`` too), so a stream key has no ``/`` of its own and a name's
+prefix is a key prefix.
 
 Values of registrations are msgpack maps (``BookieRegistration.info``).
 """
 
 from __future__ import annotations
+
+import urllib.parse
 
 LEDGER_ID_DIGITS = 20
 
@@ -104,6 +117,49 @@ def ledger_lock(ledger_id: int) -> str:
     """The lock on one ledger held by whoever changes where its replicas are: replication
     workers, ``shell recover``, and a bookie's GC dropping a copy it no longer owns."""
     return f"ledger-{ledger_id}"
+
+
+SEGMENT_DIGITS = 20
+
+
+def _quote(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+def namespaces_prefix(root: str) -> str:
+    return f"{root}/streams/ns/"
+
+
+def namespace(root: str, name: str) -> str:
+    return f"{root}/streams/ns/{_quote(name)}"
+
+
+def namespace_from_key(root: str, key: str) -> str:
+    return urllib.parse.unquote(key[len(namespaces_prefix(root)):])
+
+
+def streams_prefix(root: str, namespace: str, name_prefix: str = "") -> str:
+    return f"{root}/streams/log/{_quote(namespace)}/{_quote(name_prefix)}"
+
+
+def stream(root: str, namespace: str, name: str) -> str:
+    return f"{root}/streams/log/{_quote(namespace)}/{_quote(name)}"
+
+
+def stream_from_key(root: str, namespace: str, key: str) -> str:
+    return urllib.parse.unquote(key[len(streams_prefix(root, namespace)):])
+
+
+def segments_prefix(root: str, namespace: str, name: str) -> str:
+    return f"{root}/streams/seg/{_quote(namespace)}/{_quote(name)}/"
+
+
+def segment(root: str, namespace: str, name: str, seq: int) -> str:
+    return f"{segments_prefix(root, namespace, name)}{seq:0{SEGMENT_DIGITS}d}"
+
+
+def all_segments_prefix(root: str, namespace: str) -> str:
+    return f"{root}/streams/seg/{_quote(namespace)}/"
 
 
 def prefix_end(prefix: str) -> str:

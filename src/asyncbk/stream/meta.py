@@ -1,0 +1,346 @@
+"""Namespaces, streams and segments in the metadata store.
+
+The keys are in :mod:`asyncbk.meta.keys` (``<root>/streams/...``); the values
+are msgpack maps.  A **namespace** holds the defaults of its streams
+(:class:`StreamConfig`).  A **stream** record holds its overrides, the highest
+segment number it ever had (``max_seq``, so a number is never reused, even
+after truncation) and whether it was ended.  Each **segment** is one ledger:
+its record (:class:`Segment`) says where it starts and ends in positions,
+txids and record counts.
+
+Every change to a stream's segments is one transaction that compares the
+versions it read of the stream record and of every segment it changes
+(:meth:`StreamMetadata.commit`): completing one segment and starting the next
+happen together or not at all, and of two writers racing, one loses with
+MetadataVersionError and re-reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from ..errors import (
+    ConfigError,
+    InvalidNameError,
+    MetadataVersionError,
+    NamespaceExistsError,
+    NamespaceNotEmptyError,
+    NoSuchNamespaceError,
+    NoSuchStreamError,
+    StreamExistsError,
+)
+from ..meta import keys
+from ..meta.api import KeyValue, MetadataStore
+from ..meta.model import DIGESTS
+from .position import Position
+
+NAMESPACE_NAME_BYTES_MAX = 128
+STREAM_NAME_BYTES_MAX = 255
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_namespace_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise InvalidNameError(f"a namespace name is a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidNameError("a namespace name cannot be empty")
+    if len(name.encode()) > NAMESPACE_NAME_BYTES_MAX:
+        raise InvalidNameError(f"namespace name longer than {NAMESPACE_NAME_BYTES_MAX} bytes")
+    if not _NAMESPACE_RE.fullmatch(name):
+        raise InvalidNameError(f"bad namespace name {name!r}: use letters, digits, '.', '_' "
+                               "and '-', starting with a letter or digit")
+    return name
+
+
+def check_stream_name(name: object) -> str:
+    """Stream names may be path-like (``orders/eu``) but not empty, only slashes,
+    with empty or dot-only parts, control characters, or over 255 bytes."""
+    if not isinstance(name, str):
+        raise InvalidNameError(f"a stream name is a str, not {type(name).__name__}")
+    if not name or not name.strip("/"):
+        raise InvalidNameError(f"bad stream name {name!r}: it needs a character other than '/'")
+    if len(name.encode()) > STREAM_NAME_BYTES_MAX:
+        raise InvalidNameError(f"stream name longer than {STREAM_NAME_BYTES_MAX} bytes")
+    if _CONTROL_RE.search(name):
+        raise InvalidNameError(f"bad stream name {name!r}: control characters")
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise InvalidNameError(f"bad stream name {name!r}: no empty, '.' or '..' parts "
+                               "(no leading, trailing or double '/')")
+    return name
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """A stream's settings: its segments' ledger shape, when the writer rolls to a new
+    segment (whichever bound is reached first; 0 turns one off) and how long
+    completed segments are kept (0: until truncated)."""
+
+    ensemble_size: int = 3
+    write_quorum: int = 3
+    ack_quorum: int = 2
+    digest: str = "xxh3"
+    rolling_bytes: int = 256 * 1024 * 1024
+    rolling_s: float = 7200.0
+    rolling_entries: int = 0
+    retention_s: float = 72 * 3600.0
+
+    def validate(self) -> StreamConfig:
+        if not (self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1):
+            raise ConfigError(
+                f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
+                f"{self.ensemble_size}/{self.write_quorum}/{self.ack_quorum}")
+        if self.digest not in DIGESTS:
+            raise ConfigError(f"unknown digest {self.digest!r}; choose one of {', '.join(DIGESTS)}")
+        for name in ("rolling_bytes", "rolling_s", "rolling_entries", "retention_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0")
+        return self
+
+    def with_overrides(self, overrides: dict[str, Any]) -> StreamConfig:
+        return config_from(overrides, self)
+
+
+_CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(StreamConfig)}
+
+
+def config_from(values: dict[str, Any], base: StreamConfig | None = None,
+                source: str = "stream settings") -> StreamConfig:
+    """``base`` (default settings if None) with ``values`` applied, checked."""
+    base = base or StreamConfig()
+    checked: dict[str, Any] = {}
+    for key, value in values.items():
+        f = _CONFIG_FIELDS.get(key)
+        if f is None:
+            raise ConfigError(f"{source}: unknown setting {key!r}; known: "
+                              f"{', '.join(_CONFIG_FIELDS)}")
+        want = type(getattr(base, key))
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise ConfigError(f"{source}: {key!r} must be {want.__name__}, "
+                              f"got {type(value).__name__}")
+        checked[key] = value
+    return dataclasses.replace(base, **checked).validate()
+
+
+def _pack(d: dict[str, Any]) -> bytes:
+    return msgpack.packb(d, use_bin_type=True)
+
+
+def _unpack(kv: KeyValue, what: str) -> dict[str, Any]:
+    try:
+        d = msgpack.unpackb(kv.value, raw=False)
+    except Exception as exc:
+        raise ConfigError(f"{what}: undecodable record at {kv.key}: {exc}") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{what}: record at {kv.key} is not a map")
+    return d
+
+
+OPEN = "open"
+COMPLETED = "completed"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One segment of a stream: a ledger, and what it holds once completed."""
+
+    seq: int
+    ledger_id: int
+    state: str = OPEN
+    records: int = 0
+    """Records in the segment (known when completed)."""
+    start_sequence: int = 0
+    """Records in the stream before this segment (its first record's sequence number)."""
+    first_txid: int = -1
+    last_txid: int = -1
+    last_entry: int = -1
+    last_slot: int = -1
+    size_bytes: int = 0
+    ctime_ms: int = 0
+    completion_ms: int = 0
+    version: int = 0
+
+    @property
+    def completed(self) -> bool:
+        return self.state == COMPLETED
+
+    @property
+    def first_position(self) -> Position:
+        return Position(self.seq, 0, 0)
+
+    @property
+    def last_position(self) -> Position | None:
+        """The last record's position (None while open, or when empty)."""
+        if not self.completed or self.records == 0:
+            return None
+        return Position(self.seq, self.last_entry, self.last_slot)
+
+    def to_bytes(self) -> bytes:
+        d = dataclasses.asdict(self)
+        d.pop("version")
+        return _pack(d)
+
+    @classmethod
+    def from_kv(cls, kv: KeyValue) -> Segment:
+        d = _unpack(kv, "segment")
+        try:
+            return cls(**{k: v for k, v in d.items() if k in _SEGMENT_FIELDS},
+                       version=kv.version)
+        except TypeError as exc:
+            raise ConfigError(f"segment record at {kv.key} is incomplete: {exc}") from None
+
+
+_SEGMENT_FIELDS = {f.name for f in dataclasses.fields(Segment)} - {"version"}
+
+
+@dataclass(frozen=True)
+class StreamMeta:
+    namespace: str
+    name: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    max_seq: int = 0
+    ended: bool = False
+    ctime_ms: int = 0
+    version: int = 0
+
+    def to_bytes(self) -> bytes:
+        return _pack({"overrides": self.overrides, "max_seq": self.max_seq,
+                      "ended": self.ended, "ctime_ms": self.ctime_ms})
+
+
+class StreamMetadata:
+    """Reads and transactions on namespaces, streams and segments (see the module
+    docstring)."""
+
+    def __init__(self, meta: MetadataStore) -> None:
+        self.meta = meta
+        self.root = meta.root
+
+    # --- namespaces ------------------------------------------------------
+
+    async def create_namespace(self, name: str, config: StreamConfig, ctime_ms: int) -> None:
+        key = keys.namespace(self.root, check_namespace_name(name))
+        value = _pack({"defaults": dataclasses.asdict(config), "ctime_ms": ctime_ms})
+        try:
+            await self.meta.kv_txn([(key, 0)], put=[(key, value)])
+        except MetadataVersionError:
+            raise NamespaceExistsError(f"namespace {name!r} exists already") from None
+
+    async def namespace_config(self, name: str) -> StreamConfig:
+        kv = await self.meta.kv_get(keys.namespace(self.root, check_namespace_name(name)))
+        if kv is None:
+            raise NoSuchNamespaceError(
+                f"no namespace {name!r} (create it with bk.namespace({name!r}, create=True) "
+                f"or 'asyncbk stream create-namespace {name}')")
+        d = _unpack(kv, f"namespace {name!r}")
+        return config_from(dict(d.get("defaults", {})), source=f"namespace {name!r}")
+
+    async def list_namespaces(self) -> list[str]:
+        prefix = keys.namespaces_prefix(self.root)
+        return [keys.namespace_from_key(self.root, kv.key)
+                for kv in await self.meta.kv_range(prefix)]
+
+    async def delete_namespace(self, name: str) -> None:
+        """Remove the namespace record (its streams must be gone already)."""
+        key = keys.namespace(self.root, check_namespace_name(name))
+        kv = await self.meta.kv_get(key)
+        if kv is None:
+            raise NoSuchNamespaceError(f"no namespace {name!r}")
+        if await self.list_streams(name, limit=1):
+            raise NamespaceNotEmptyError(
+                f"namespace {name!r} still has streams: delete them first, or pass force=True")
+        await self.meta.kv_txn([(key, kv.version)], delete=[key])
+
+    # --- streams ---------------------------------------------------------
+
+    async def create_stream(self, namespace: str, name: str, overrides: dict[str, Any],
+                            ctime_ms: int) -> StreamMeta:
+        ns_key = keys.namespace(self.root, check_namespace_name(namespace))
+        key = keys.stream(self.root, namespace, check_stream_name(name))
+        ns_kv = await self.meta.kv_get(ns_key)
+        if ns_kv is None:
+            raise NoSuchNamespaceError(f"no namespace {namespace!r}")
+        sm = StreamMeta(namespace, name, dict(overrides), 0, False, ctime_ms)
+        try:  # the namespace must not have been deleted meanwhile
+            version = await self.meta.kv_txn([(ns_key, ns_kv.version), (key, 0)],
+                                             put=[(key, sm.to_bytes())])
+        except MetadataVersionError:
+            if await self.meta.kv_get(key) is not None:
+                raise StreamExistsError(
+                    f"stream {name!r} exists already in namespace {namespace!r}") from None
+            raise
+        return dataclasses.replace(sm, version=version)
+
+    async def stream(self, namespace: str, name: str) -> StreamMeta:
+        key = keys.stream(self.root, check_namespace_name(namespace), check_stream_name(name))
+        kv = await self.meta.kv_get(key)
+        if kv is None:
+            if await self.meta.kv_get(keys.namespace(self.root, namespace)) is None:
+                raise NoSuchNamespaceError(f"no namespace {namespace!r}")
+            raise NoSuchStreamError(f"no stream {name!r} in namespace {namespace!r}")
+        d = _unpack(kv, f"stream {namespace}/{name}")
+        return StreamMeta(namespace, name, dict(d.get("overrides", {})), int(d.get("max_seq", 0)),
+                          bool(d.get("ended", False)), int(d.get("ctime_ms", 0)), kv.version)
+
+    async def list_streams(self, namespace: str, prefix: str = "", limit: int = 0) -> list[str]:
+        check_namespace_name(namespace)
+        key_prefix = keys.streams_prefix(self.root, namespace, prefix)
+        out: list[str] = []
+        after: str | None = None
+        while True:
+            page = await self.meta.kv_range(key_prefix, after=after, limit=limit or 1000)
+            out.extend(keys.stream_from_key(self.root, namespace, kv.key) for kv in page)
+            if limit or len(page) < 1000:
+                return out[:limit] if limit else out
+            after = page[-1].key
+
+    async def segments(self, namespace: str, name: str) -> list[Segment]:
+        """The stream's segments, oldest first."""
+        prefix = keys.segments_prefix(self.root, namespace, name)
+        out: list[Segment] = []
+        after: str | None = None
+        while True:
+            page = await self.meta.kv_range(prefix, after=after, limit=1000)
+            out.extend(Segment.from_kv(kv) for kv in page)
+            if len(page) < 1000:
+                return out
+            after = page[-1].key
+
+    async def commit(self, sm: StreamMeta, *, put: Sequence[Segment] = (),
+                     drop: Sequence[Segment] = (), ended: bool | None = None) -> tuple[StreamMeta, list[Segment]]:
+        """One transaction: write ``put`` (new segments: version 0; changed ones: the
+        version read) and remove ``drop``, if the stream record and each of them are
+        still at the versions read.  Returns the new stream record and ``put`` with
+        their new version.  MetadataVersionError if anything changed meanwhile."""
+        ns, name = sm.namespace, sm.name
+        skey = keys.stream(self.root, ns, name)
+        max_seq = max([sm.max_seq, *(s.seq for s in put)])
+        new_sm = dataclasses.replace(sm, max_seq=max_seq,
+                                     ended=sm.ended if ended is None else ended)
+        compare = [(skey, sm.version)]
+        compare += [(keys.segment(self.root, ns, name, s.seq), s.version) for s in put]
+        compare += [(keys.segment(self.root, ns, name, s.seq), s.version) for s in drop]
+        revision = await self.meta.kv_txn(
+            compare,
+            put=[(skey, new_sm.to_bytes())]
+            + [(keys.segment(self.root, ns, name, s.seq), s.to_bytes()) for s in put],
+            delete=[keys.segment(self.root, ns, name, s.seq) for s in drop])
+        return (dataclasses.replace(new_sm, version=revision),
+                [dataclasses.replace(s, version=revision) for s in put])
+
+    async def delete_stream(self, sm: StreamMeta) -> None:
+        """Remove the stream record and every segment record, if the stream record is
+        still at the version read."""
+        await self.meta.kv_txn(
+            [(keys.stream(self.root, sm.namespace, sm.name), sm.version)],
+            delete=[keys.stream(self.root, sm.namespace, sm.name)],
+            delete_prefix=[keys.segments_prefix(self.root, sm.namespace, sm.name)])

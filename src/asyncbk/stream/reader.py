@@ -1,0 +1,264 @@
+"""Stream readers: every durable record from a start position on, in order, each
+once, following the writer across segments.
+
+A reader reads a segment's ledger up to what its writer has had acknowledged
+(the LAC), long-polling the bookies while it is caught up; once the ledger is
+closed (the writer rolled, closed, or was taken over) and read to its end, it
+moves to the next segment, waiting for it to appear if need be.  A read-ahead
+task keeps up to ``readahead_entries`` entries decoded ahead of the caller.
+
+A position in a segment that truncation or retention dropped raises
+``TruncatedError``, never a silent skip; after the last record of an ended
+stream, ``EndOfStreamError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import (
+    BKError,
+    EndOfStreamError,
+    NoSuchLedgerError,
+    TruncatedError,
+)
+from ..log import get_logger
+from . import codec
+from .meta import Segment
+from .position import Position
+
+if TYPE_CHECKING:
+    from .namespace import Namespace
+
+SEGMENT_POLL_S_MAX = 0.5
+"""Longest pause between two looks for a segment that does not exist yet."""
+
+LAC_POLL_S = 0.25
+"""Long-poll round on an open segment; a round with no news re-reads its ledger's
+metadata, so a roll or takeover is noticed within about this long."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    """One record read from a stream."""
+
+    stream: str
+    position: Position
+    txid: int
+    data: bytes
+
+
+_END = object()
+
+
+class StreamReader:
+    """Reads a stream from ``start`` (see the module docstring).  Get one with
+    ``await ns.open_reader(name, start)``; close it (or use ``async with``)."""
+
+    def __init__(self, ns: Namespace, name: str, start: Position,
+                 readahead_entries: int = 32) -> None:
+        if readahead_entries < 1:
+            raise ValueError("readahead_entries must be >= 1")
+        self._ns = ns
+        self.namespace = ns.name
+        self.stream = name
+        self._start = start
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(readahead_entries)
+        self._ready: collections.deque[StreamRecord] = collections.deque()
+        self._error: BaseException | None = None
+        self._log = get_logger(namespace=ns.name, stream=name)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._closed = False
+
+    @property
+    def start(self) -> Position:
+        return self._start
+
+    # ------------------------------------------------------------------ public
+
+    async def read_next(self) -> StreamRecord:
+        """The next record, waiting for it as long as it takes."""
+        while not self._ready:
+            await self._fill(None)
+        return self._ready.popleft()
+
+    async def read_batch(self, n: int, wait_s: float) -> list[StreamRecord]:
+        """Up to ``n`` records: those ready now, else the first to come within
+        ``wait_s`` seconds (and those that came with it); ``[]`` if none came."""
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        if not self._ready:
+            try:
+                async with asyncio.timeout(wait_s):
+                    await self._fill(None)
+            except TimeoutError:
+                if self._ready:
+                    pass
+                else:
+                    return []
+        while len(self._ready) < n and not self._queue.empty():
+            await self._fill(0)
+        out: list[StreamRecord] = []
+        while self._ready and len(out) < n:
+            out.append(self._ready.popleft())
+        return out
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._task.cancel()
+            await asyncio.wait([self._task])
+
+    async def __aenter__(self) -> StreamReader:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def __aiter__(self) -> StreamReader:
+        return self
+
+    async def __anext__(self) -> StreamRecord:
+        try:
+            return await self.read_next()
+        except EndOfStreamError:
+            raise StopAsyncIteration from None
+
+    # ------------------------------------------------------------------ internals
+
+    async def _fill(self, timeout_s: float | None) -> None:
+        """Move one decoded entry (or the end, or an error) from the read-ahead queue."""
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise BKError(f"reader of {self.namespace}/{self.stream} is closed")
+        item = await self._queue.get() if timeout_s is None else self._queue.get_nowait()
+        if isinstance(item, BaseException):
+            self._error = item
+            raise item
+        self._ready.extend(item)
+        if self._ready:
+            stats = self._ns.stats
+            stats.read(self.namespace, len(item), sum(len(r.data) for r in item))
+
+    async def _run(self) -> None:
+        try:
+            await self._read_from(self._start)
+        except asyncio.CancelledError:
+            raise
+        except BKError as exc:
+            await self._queue.put(exc)
+        except Exception as exc:  # a bug: hand it to the caller rather than hang it
+            self._log.error("stream reader failed", error=repr(exc))
+            await self._queue.put(exc)
+
+    async def _read_from(self, pos: Position) -> None:
+        ns, name = self._ns, self.stream
+        first_entry, first_slot = pos.entry, pos.slot
+        seq = pos.segment
+        while True:
+            seg = await self._wait_for_segment(seq)
+            if seg.seq != seq:
+                first_entry = first_slot = 0
+            seq = seg.seq
+            try:
+                rh = await ns.bk.open_ledger(seg.ledger_id, recovery=False)
+            except NoSuchLedgerError:
+                raise TruncatedError(
+                    f"stream {self.namespace}/{name}: segment {seg.seq} was removed while "
+                    "being read (truncated or deleted)") from None
+            async for entry in rh.tail(first_entry, poll_s=LAC_POLL_S):
+                batch = codec.decode(entry.data, f"stream {self.namespace}/{name} segment "
+                                                 f"{seq} entry {entry.entry_id}")
+                if batch.end_of_stream:
+                    await self._queue.put(EndOfStreamError(
+                        f"stream {self.namespace}/{name} was ended after its last record"))
+                    return
+                records = [StreamRecord(name, Position(seq, entry.entry_id, i), txid, data)
+                           for i, (txid, data) in enumerate(batch.records)
+                           if entry.entry_id != first_entry or i >= first_slot]
+                if records:
+                    await self._queue.put(records)
+            seq += 1
+            first_entry = first_slot = 0
+
+    async def _wait_for_segment(self, seq: int) -> Segment:
+        """Segment ``seq``, or the first after it (``seq`` itself may be one a writer
+        opened and lost before it existed), waiting until one exists."""
+        ns, name = self._ns, self.stream
+        pause_s = 0.02
+        while True:
+            sm = await ns.md.stream(ns.name, name)
+            segs = await ns.md.segments(ns.name, name)
+            if segs and seq < segs[0].seq:
+                raise TruncatedError(
+                    f"stream {ns.name}/{name}: segment {seq} was truncated; the stream now "
+                    f"starts at {segs[0].first_position}")
+            later = [s for s in segs if s.seq >= seq]
+            if later:
+                return later[0]
+            if sm.ended:
+                raise EndOfStreamError(f"stream {ns.name}/{name} was ended after its last record")
+            await asyncio.sleep(pause_s)
+            pause_s = min(SEGMENT_POLL_S_MAX, pause_s * 2)
+
+
+async def resolve_start(ns: Namespace, name: str, start: Position | None,
+                        txid: int | None) -> Position:
+    """A real position for EARLIEST, LATEST, a position or a txid."""
+    sm = await ns.md.stream(ns.name, name)
+    segs = await ns.md.segments(ns.name, name)
+    if txid is not None:
+        return await _position_of_txid(ns, segs, sm.max_seq, txid)
+    if start is None or start == Position.EARLIEST:
+        return segs[0].first_position if segs else Position(sm.max_seq + 1, 0, 0)
+    if start == Position.LATEST:
+        if segs and not segs[-1].completed:
+            last = segs[-1]
+            rh = await ns.bk.open_ledger(last.ledger_id, recovery=False)
+            if rh.metadata.is_closed:  # taken over, not yet recorded: after its end
+                return Position(last.seq + 1, 0, 0)
+            return Position(last.seq, rh.last_add_confirmed + 1, 0)
+        return Position(sm.max_seq + 1, 0, 0)
+    if not isinstance(start, Position):
+        raise TypeError(f"start must be a Position, not {type(start).__name__}")
+    if segs and start < segs[0].first_position:
+        raise TruncatedError(f"stream {ns.name}/{name}: position {start} was truncated; the "
+                             f"stream now starts at {segs[0].first_position}")
+    return start
+
+
+async def _position_of_txid(ns: Namespace, segs: list[Segment], max_seq: int,
+                            txid: int) -> Position:
+    """The first record with a txid >= ``txid``: the segment by its txid range, then
+    a binary search over its entries."""
+    if txid < 0:
+        raise ValueError("txid must be >= 0")
+    target = next((s for s in segs if not s.completed or (s.records and s.last_txid >= txid)),
+                  None)
+    if target is None:
+        return Position(max_seq + 1, 0, 0)
+    rh = await ns.bk.open_ledger(target.ledger_id, recovery=False)
+    last = target.last_entry if target.completed else rh.last_add_confirmed
+    where = f"stream {ns.name} segment {target.seq}"
+
+    async def batch_at(entry_id: int) -> codec.Batch:
+        data = (await rh.read_unconfirmed(entry_id, entry_id))[0].data
+        return codec.decode(data, f"{where} entry {entry_id}")
+
+    lo, hi = 0, last + 1  # the first entry whose last txid >= txid is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        b = await batch_at(mid)
+        if not b.records or b.records[-1][0] >= txid:
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo > last:
+        return Position(target.seq, last + 1, 0)
+    b = await batch_at(lo)
+    slot = next((i for i, (t, _) in enumerate(b.records) if t >= txid), 0)
+    return Position(target.seq, lo, slot)

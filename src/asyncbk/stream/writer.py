@@ -1,0 +1,566 @@
+"""The stream writer: one at a time per stream, by fencing.
+
+**Opening** (:func:`open_writer`) takes the stream over: if its last segment is
+still open (a writer is alive, or died), its ledger is opened with recovery,
+which fences it on its bookies (the older writer's next add fails: it gets
+``WriterFencedError``) and closes it where every acknowledged entry is kept;
+then, in one metadata transaction, that segment is completed and a new one
+started on a fresh ledger.  Of two writers opening at once, the transaction of
+one fails and it tries again (fencing the other in turn).  Correctness rests on
+fencing and the versioned transactions, never on who thinks it holds a lock.
+
+**Writing**: ``write_nowait`` queues a record and returns a future; the records
+queued in one event-loop turn (up to ``batch_bytes_max``) leave together as one
+ledger entry (:mod:`asyncbk.stream.codec`), and each record's future resolves
+to its :class:`Position` once that entry is acknowledged by an ack quorum of
+bookies (journal fsync).  Entries are pipelined; futures resolve in order.
+
+**Rolling**: once the segment reaches ``rolling_bytes``, ``rolling_entries``
+records or ``rolling_s`` of age, the writer waits for the entries in flight,
+closes the ledger, and completes the segment and starts the next in one
+transaction; records written meanwhile wait in the bounded buffer.  Each roll
+(and each opening) also drops segments older than ``retention_s``.
+
+Any failure (fenced, bookies lost past the ledger's own retries, metadata
+refused) fails the writer: every pending record fails with the cause and
+later writes raise it; open a new writer to go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import functools
+from typing import TYPE_CHECKING, Any
+
+from ..errors import (
+    BKError,
+    EndOfStreamError,
+    EntryTooLargeError,
+    InvalidTxidError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+    TooManyRequestsError,
+    WriterFencedError,
+)
+from ..log import get_logger
+from . import codec
+from .meta import COMPLETED, Segment, StreamConfig, StreamMeta
+from .position import Position
+
+if TYPE_CHECKING:
+    from ..client.ledger import LedgerHandle
+    from .namespace import Namespace
+
+TAKEOVER_ATTEMPTS = 20
+"""Opening a writer retries this often when another opening wins the race."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WriterOptions:
+    """Bounds of one writer (``ns.open_writer(name, **options)``)."""
+
+    batch_bytes_max: int = 1024 * 1024
+    """Bytes of records sent as one ledger entry at most (a larger record goes alone)."""
+    record_bytes_max: int = 4 * 1024 * 1024
+    """The largest record accepted."""
+    pending_records_max: int = 200_000
+    """Records written but not yet acknowledged; past it ``write_nowait`` raises
+    TooManyRequestsError (``write`` waits for room)."""
+    pending_bytes_max: int = 128 * 1024 * 1024
+    """The same bound in bytes."""
+
+    def validate(self) -> WriterOptions:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) <= 0:
+                raise ValueError(f"{f.name} must be > 0")
+        return self
+
+
+class _Entry:
+    """An entry in flight: its ledger future and its records' futures."""
+
+    __slots__ = ("futures", "ledger_future", "nbytes", "seq")
+
+    def __init__(self, seq: int, ledger_future: asyncio.Future[int],
+                 futures: list[asyncio.Future[Position]], nbytes: int) -> None:
+        self.seq = seq
+        self.ledger_future = ledger_future
+        self.futures = futures
+        self.nbytes = nbytes
+
+
+class StreamWriter:
+    """The single writer of a stream (see the module docstring).  Get one with
+    ``await ns.open_writer(name)``; use it as an async context manager, or call
+    ``close()``."""
+
+    def __init__(self, ns: Namespace, config: StreamConfig, sm: StreamMeta, segment: Segment,
+                 lh: LedgerHandle, last_txid: int, options: WriterOptions) -> None:
+        self._ns = ns
+        self._bk = ns.bk
+        self.namespace = ns.name
+        self.stream = sm.name
+        self._config = config
+        self._options = options
+        self._sm = sm
+        self._seg = segment
+        self._lh = lh
+        self._loop = asyncio.get_running_loop()
+        self._clock = ns.clock
+        self._log = get_logger(namespace=ns.name, stream=sm.name)
+        self._last_txid = last_txid
+        """The txid of the last record accepted (written or queued)."""
+        # the segment being written
+        self._seg_started_s = self._clock.monotonic_s()
+        self._seg_records = 0
+        self._seg_bytes = 0
+        self._seg_first_txid = -1
+        self._seg_last_txid = -1
+        self._seg_last_pos: tuple[int, int] = (-1, -1)
+        # records queued for the next entry
+        self._txids: list[int] = []
+        self._datas: list[bytes] = []
+        self._futures: list[asyncio.Future[Position]] = []
+        self._buffer_bytes = 0
+        self._transmit_scheduled = False
+        # entries in flight, oldest first
+        self._inflight: collections.deque[_Entry] = collections.deque()
+        self._pending_records = 0
+        self._pending_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._roll_task: asyncio.Task[None] | None = None
+        self._error: BKError | None = None
+        self._closed = False
+        self._close_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def last_txid(self) -> int:
+        """The txid of the last record written (or queued); -1 before any."""
+        return self._last_txid
+
+    @property
+    def segment(self) -> int:
+        """The number of the segment being written."""
+        return self._seg.seq
+
+    def write_nowait(self, data: bytes, txid: int | None = None) -> asyncio.Future[Position]:
+        """Queue ``data`` now (in call order); the future resolves to its Position once
+        it is durable.  Raises at once on bad input, a failed or closed writer, or when
+        the writer's pending bounds are reached (TooManyRequestsError)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"write takes bytes, not {type(data).__name__}")
+        self._check_writable()
+        if txid is None:
+            txid = self._last_txid + 1
+        elif not isinstance(txid, int) or isinstance(txid, bool):
+            raise InvalidTxidError(f"txid must be an int, not {type(txid).__name__}")
+        if txid < self._last_txid or txid < 0 or txid > codec.TXID_MAX:
+            raise InvalidTxidError(
+                f"stream {self.namespace}/{self.stream}: txid {txid} is "
+                + ("negative" if txid < 0 else "too large" if txid > codec.TXID_MAX else
+                   f"below the previous one ({self._last_txid})")
+                + "; txids must not decrease")
+        size = len(data)
+        if size > self._options.record_bytes_max:
+            raise EntryTooLargeError(
+                f"record of {size} bytes exceeds record_bytes_max "
+                f"({self._options.record_bytes_max}); split it")
+        if self._pending_records >= self._options.pending_records_max \
+                or self._pending_bytes + size > self._options.pending_bytes_max:
+            self._room.clear()
+            raise TooManyRequestsError(
+                f"stream {self.namespace}/{self.stream}: {self._pending_records} records "
+                f"({self._pending_bytes} bytes) pending; await write() or flush()")
+        fut: asyncio.Future[Position] = self._loop.create_future()
+        if self._buffer_bytes and self._buffer_bytes + size > self._options.batch_bytes_max:
+            self._transmit()
+        self._txids.append(txid)
+        self._datas.append(bytes(data))
+        self._futures.append(fut)
+        self._buffer_bytes += size
+        self._pending_records += 1
+        self._pending_bytes += size
+        self._last_txid = txid
+        if self._buffer_bytes >= self._options.batch_bytes_max:
+            self._transmit()
+        elif not self._transmit_scheduled:
+            self._transmit_scheduled = True
+            self._loop.call_soon(self._transmit_soon)
+        return fut
+
+    async def write(self, data: bytes, txid: int | None = None) -> Position:
+        """Write one record and wait until it is durable; returns its Position.  Waits
+        for room when the writer's pending bounds are reached."""
+        while True:
+            self._check_writable()
+            if self._pending_records < self._options.pending_records_max and \
+                    self._pending_bytes + len(data) <= self._options.pending_bytes_max:
+                break
+            self._room.clear()
+            await self._room.wait()
+        return await self.write_nowait(data, txid)
+
+    async def flush(self) -> None:
+        """Send what is queued and wait until every record written so far is durable."""
+        self._check_writable()
+        self._transmit()
+        while True:
+            if self._roll_task is not None:
+                await asyncio.shield(self._roll_task)
+                self._transmit()
+            entries = [e.ledger_future for e in self._inflight]
+            if not entries and self._roll_task is None:
+                break
+            if entries:
+                await asyncio.wait(entries)
+            if self._error is not None:
+                raise self._error
+        if self._error is not None:
+            raise self._error
+
+    async def close(self) -> None:
+        """Flush, close the segment's ledger and complete the segment.  Idempotent."""
+        if self._close_task is None:
+            self._close_task = self._loop.create_task(self._close(end=False))
+        await asyncio.shield(self._close_task)
+
+    async def mark_end_of_stream(self) -> int:
+        """Flush, then end the stream: readers get EndOfStreamError after the last
+        record, and no writer can open it again.  Closes this writer; returns the last
+        txid."""
+        self._check_writable()
+        self._close_task = self._loop.create_task(self._close(end=True))
+        await asyncio.shield(self._close_task)
+        return self._last_txid
+
+    async def abort(self) -> None:
+        """Give up without completing anything (what a crash does): pending records
+        fail; the next writer's takeover completes the segment."""
+        self._fail(LedgerClosedError(f"writer of {self.namespace}/{self.stream} aborted"))
+        self._closed = True
+        await self._cancel_roll()
+        await self._lh.close_quietly()
+
+    async def __aenter__(self) -> StreamWriter:
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            await self.close()
+        else:
+            await self.abort()
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_writable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed or self._close_task is not None:
+            raise LedgerClosedError(f"the writer of {self.namespace}/{self.stream} is closed")
+
+    def _transmit_soon(self) -> None:
+        self._transmit_scheduled = False
+        self._transmit()
+
+    def _transmit(self) -> None:
+        """Send the queued records as one entry (unless a roll is under way)."""
+        if not self._futures or self._roll_task is not None or self._error is not None:
+            return
+        txids, datas, futures = self._txids, self._datas, self._futures
+        nbytes = self._buffer_bytes
+        self._txids, self._datas, self._futures, self._buffer_bytes = [], [], [], 0
+        payload = codec.encode(self._seg_records, txids, datas)
+        try:
+            ledger_future = self._lh.append(payload)
+        except BKError as exc:
+            for f in futures:
+                f.set_exception(self._map_error(exc))
+                f.exception()
+            self._fail(self._map_error(exc))
+            return
+        if self._seg_first_txid < 0:
+            self._seg_first_txid = txids[0]
+        self._seg_last_txid = txids[-1]
+        self._seg_records += len(datas)
+        self._seg_bytes += nbytes
+        entry = _Entry(self._seg.seq, ledger_future, futures, nbytes)
+        self._inflight.append(entry)
+        ledger_future.add_done_callback(functools.partial(self._entry_done, entry))
+        self._maybe_roll()
+
+    def _entry_done(self, entry: _Entry, fut: asyncio.Future[int]) -> None:
+        if self._inflight and self._inflight[0] is entry:
+            self._inflight.popleft()
+        else:
+            try:
+                self._inflight.remove(entry)
+            except ValueError:
+                pass
+        self._pending_records -= len(entry.futures)
+        self._pending_bytes -= entry.nbytes
+        if not self._room.is_set():
+            self._room.set()
+        if fut.cancelled():
+            error: BKError = LedgerClosedError("the entry was cancelled")
+        elif (exc := fut.exception()) is not None:
+            error = self._map_error(exc)
+        else:
+            entry_id = fut.result()
+            seq = entry.seq
+            for slot, f in enumerate(entry.futures):
+                if not f.done():
+                    f.set_result(Position(seq, entry_id, slot))
+            self._seg_last_pos = (entry_id, len(entry.futures) - 1)
+            self._ns.stats.written(self.namespace, len(entry.futures), entry.nbytes)
+            return
+        for f in entry.futures:
+            if not f.done():
+                f.set_exception(error)
+                f.exception()  # a caller that never awaits is not warned about it
+        self._fail(error)
+
+    def _map_error(self, exc: BaseException) -> BKError:
+        if isinstance(exc, LedgerFencedError):
+            return WriterFencedError(
+                f"stream {self.namespace}/{self.stream}: another writer took it over "
+                "(opened it); this writer can write nothing more")
+        if isinstance(exc, BKError):
+            return exc
+        return MetadataError(f"stream writer failed: {exc!r}")
+
+    def _fail(self, error: BKError) -> None:
+        if self._error is None:
+            self._error = error
+            self._log.warning("stream writer failed", error=str(error))
+        futures, self._futures = self._futures, []
+        self._txids, self._datas, self._buffer_bytes = [], [], 0
+        for f in futures:
+            if not f.done():
+                f.set_exception(self._error)
+                f.exception()
+        self._room.set()
+
+    # ------------------------------------------------------------------ rolling
+
+    def _maybe_roll(self) -> None:
+        cfg = self._config
+        if self._roll_task is not None or self._closed:
+            return
+        if (cfg.rolling_bytes and self._seg_bytes >= cfg.rolling_bytes) \
+                or (cfg.rolling_entries and self._seg_records >= cfg.rolling_entries) \
+                or (cfg.rolling_s and self._clock.monotonic_s() - self._seg_started_s
+                    >= cfg.rolling_s):
+            self._roll_task = self._loop.create_task(self._roll())
+            self._roll_task.add_done_callback(_consume)
+
+    async def _wait_inflight(self) -> None:
+        entries = [e.ledger_future for e in self._inflight]
+        if entries:
+            await asyncio.wait(entries)
+        if self._error is not None:
+            raise self._error
+
+    async def _roll(self) -> None:
+        try:
+            await self._wait_inflight()
+            completed = await self._complete_current()
+            await self._start_segment(completed)
+            self._ns.stats.rolled(self.namespace)
+        except BKError as exc:
+            self._fail(self._map_error(exc))
+        finally:
+            self._roll_task = None
+        if self._error is None:
+            self._transmit()
+            await self._ns.apply_retention(self, quiet=True)
+
+    async def _cancel_roll(self) -> None:
+        task = self._roll_task
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+
+    async def _complete_current(self) -> Segment:
+        """Close the ledger and describe the completed segment (not yet committed)."""
+        await self._lh.close()
+        last_entry, last_slot = self._seg_last_pos
+        return dataclasses.replace(
+            self._seg, state=COMPLETED, records=self._seg_records,
+            first_txid=self._seg_first_txid, last_txid=self._seg_last_txid,
+            last_entry=last_entry, last_slot=last_slot, size_bytes=self._seg_bytes,
+            completion_ms=int(self._clock.wall_s() * 1000))
+
+    async def _start_segment(self, completed: Segment) -> None:
+        """Commit ``completed`` and a new open segment on a fresh ledger, in one
+        transaction.  A conflict that left our segment ours (a truncation, retention)
+        is retried; anything else means another writer took over."""
+        lh = await self._ns.create_segment_ledger(self._sm.name, self._config,
+                                                  self._sm.max_seq + 1)
+        try:
+            while True:
+                new = Segment(seq=self._sm.max_seq + 1, ledger_id=lh.id,
+                              start_sequence=completed.start_sequence + completed.records,
+                              ctime_ms=int(self._clock.wall_s() * 1000))
+                try:
+                    self._sm, (_, new) = await self._ns.md.commit(self._sm, put=[completed, new])
+                    break
+                except MetadataVersionError:
+                    completed = await self._refresh_own(completed)
+        except BaseException:
+            await self._ns.discard_ledger(lh)
+            raise
+        self._lh = lh
+        self._seg = new
+        self._seg_started_s = self._clock.monotonic_s()
+        self._seg_records = self._seg_bytes = 0
+        self._seg_first_txid = self._seg_last_txid = -1
+        self._seg_last_pos = (-1, -1)
+
+    async def _refresh_own(self, completed: Segment) -> Segment:
+        """After a lost commit: re-read; if our segment is still ours and open, return
+        ``completed`` with the fresh version (and take the fresh stream record), else
+        raise WriterFencedError."""
+        sm = await self._ns.md.stream(self.namespace, self.stream)
+        segs = await self._ns.md.segments(self.namespace, self.stream)
+        mine = next((s for s in segs if s.seq == self._seg.seq), None)
+        if mine is None or mine.completed or mine.ledger_id != self._seg.ledger_id \
+                or segs[-1].seq != mine.seq:
+            raise WriterFencedError(
+                f"stream {self.namespace}/{self.stream}: another writer took it over")
+        self._sm = sm
+        self._seg = mine
+        return dataclasses.replace(completed, version=mine.version)
+
+    async def _commit_completed(self, completed: Segment, ended: bool) -> None:
+        while True:
+            try:
+                self._sm, (self._seg,) = await self._ns.md.commit(
+                    self._sm, put=[completed], ended=ended or None)
+                return
+            except MetadataVersionError:
+                completed = await self._refresh_own(completed)
+
+    async def _close(self, end: bool) -> None:
+        try:
+            self._transmit()
+            while self._roll_task is not None:
+                await asyncio.shield(self._roll_task)
+                self._transmit()
+            await self._wait_inflight()
+            self._closed = True
+            if end:
+                # An entry with no records marks the end, after every record.
+                fut = self._lh.append(codec.encode(self._seg_records, [], [],
+                                                   codec.END_OF_STREAM))
+                await fut
+            completed = await self._complete_current()
+            await self._commit_completed(completed, ended=end)
+            self._log.info("stream writer closed", segment=completed.seq,
+                           records=completed.records, ended=end)
+        except BKError as exc:
+            error = self._map_error(exc)
+            self._fail(error)
+            self._closed = True
+            await self._lh.close_quietly()
+            raise error from None
+
+    def _take_sm(self, sm: StreamMeta) -> None:
+        """The stream record after a change this writer made (retention)."""
+        self._sm = sm
+
+    @property
+    def stream_meta(self) -> StreamMeta:
+        return self._sm
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def open_writer(ns: Namespace, name: str, options: WriterOptions) -> StreamWriter:
+    """Take the stream over (see the module docstring) and return its writer."""
+    md = ns.md
+    log = get_logger(namespace=ns.name, stream=name)
+    for _attempt in range(TAKEOVER_ATTEMPTS):
+        sm = await md.stream(ns.name, name)
+        if sm.ended:
+            raise EndOfStreamError(f"stream {ns.name}/{name} was ended: it takes no more writes")
+        config = await ns.stream_config(sm)
+        segs = await md.segments(ns.name, name)
+        put: list[Segment] = []
+        last = segs[-1] if segs else None
+        took_over = False
+        if last is not None and not last.completed:
+            last, ended = await _recover_segment(ns, last)
+            put.append(last)
+            took_over = True
+            if ended:
+                await md.commit(sm, put=put, ended=True)
+                raise EndOfStreamError(f"stream {ns.name}/{name} was ended")
+        last_txid = max((s.last_txid for s in segs[:-1] + ([last] if last else [])),
+                        default=-1)
+        start_sequence = last.start_sequence + last.records if last is not None else 0
+        seq = sm.max_seq + 1
+        lh = await ns.create_segment_ledger(name, config, seq)
+        new = Segment(seq=seq, ledger_id=lh.id, start_sequence=start_sequence,
+                      ctime_ms=int(ns.clock.wall_s() * 1000))
+        try:
+            sm, committed = await md.commit(sm, put=[*put, new])
+        except MetadataVersionError:
+            await ns.discard_ledger(lh)
+            log.info("another writer opened the stream at the same time; trying again")
+            continue
+        except BaseException:
+            await ns.discard_ledger(lh)
+            raise
+        if took_over:
+            ns.stats.took_over(ns.name)
+            log.info("took the stream over", fenced_segment=put[0].seq, segment=seq)
+        writer = StreamWriter(ns, config, sm, committed[-1], lh, last_txid, options)
+        await ns.apply_retention(writer, quiet=True)
+        return writer
+    raise WriterFencedError(
+        f"stream {ns.name}/{name}: {TAKEOVER_ATTEMPTS} attempts to open a writer each lost "
+        "to another writer opening it; are two writers fighting over it?")
+
+
+async def _recover_segment(ns: Namespace, seg: Segment) -> tuple[Segment, bool]:
+    """Fence and close an open segment's ledger, and describe it completed: record
+    count, txids, last position (from its first and last entries).  Also whether its
+    last entry ends the stream."""
+    bk = ns.bk
+    try:
+        rh = await bk.open_ledger(seg.ledger_id, password=b"", recovery=True)
+    except NoSuchLedgerError:  # created, then lost before any write (deleted)
+        return dataclasses.replace(seg, state=COMPLETED,
+                                   completion_ms=int(ns.clock.wall_s() * 1000)), False
+    md = rh.metadata
+    last = md.last_entry_id
+    completed = dataclasses.replace(seg, state=COMPLETED, size_bytes=md.length,
+                                    completion_ms=int(ns.clock.wall_s() * 1000))
+    if last < 0:
+        return completed, False
+    where = f"stream {ns.name}/{seg.seq}"
+    ended = False
+    entry = last
+    while entry >= 0:
+        batch = codec.decode((await rh.read(entry, entry))[0].data, f"{where}:{entry}")
+        ended = ended or (entry == last and batch.end_of_stream)
+        if batch.records:
+            first = codec.decode((await rh.read(0, 0))[0].data, f"{where}:0")
+            first_txid = first.records[0][0] if first.records else batch.records[0][0]
+            return dataclasses.replace(
+                completed, records=batch.records_before + len(batch.records),
+                first_txid=first_txid, last_txid=batch.records[-1][0], last_entry=entry,
+                last_slot=len(batch.records) - 1), ended
+        entry -= 1
+    return completed, ended
