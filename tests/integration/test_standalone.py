@@ -251,3 +251,25 @@ async def test_local_cluster_takes_the_preferred_etcd_port_when_free(tmp_path: P
                             etcd_port_preferred=port) as cluster:
         assert cluster.metadata_uri == f"etcd://127.0.0.1:{port}/asyncbk"
         assert cluster.notes == []
+
+
+async def test_standalone_whose_bookie_port_is_taken_says_so(tmp_path: Path) -> None:
+    """A bookie keeps its port across runs (its id is host:port): when another process
+    has taken it meanwhile, one line says which port and what to do, and the etcd
+    already started is stopped again."""
+    data = tmp_path / "data"
+    async with LocalCluster(bookies=1, data_dir=data) as cluster:
+        port = cluster.bookies[0].port
+    with socket.socket() as taker:
+        taker.bind(("127.0.0.1", port))
+        taker.listen()
+        r = await asyncio.to_thread(_cli, "standalone", "--data-dir", str(data),
+                                    "--bookies", "1")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert f"port {port} is in use (by pid {os.getpid()}" in lines[0]
+    assert "keeps its port" in lines[0]
+    assert not (data / STATE_FILE).exists()  # everything it started was stopped
+    async with LocalCluster(bookies=1, data_dir=data) as cluster:  # and it runs again
+        assert cluster.bookies[0].port == port

@@ -33,7 +33,14 @@ from ..bookie.startup import port_free, port_user
 from ..client.client import BookKeeper
 from ..errors import BKError
 from .etcd import EtcdServer
-from .process import ChildRecord, DataDirLock, guarded, kill_leftovers, process_start_time
+from .process import (
+    ChildRecord,
+    DataDirLock,
+    LocalClusterError,
+    guarded,
+    kill_leftovers,
+    process_start_time,
+)
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -46,11 +53,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def _last_error(path: Path) -> str:
+    """The line of a child's log that says why it stopped: its command's one-line error
+    (``asyncbk bookie: error: ...``, without that prefix), else the last line."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return "(no log)"
+    for line in reversed(lines):
+        if line.startswith("asyncbk ") and ": error: " in line:
+            return line.split(": error: ", 1)[1]
+    return lines[-1] if lines else "(empty log)"
 
 
 def _toml_value(v: Any) -> str:
@@ -97,14 +110,16 @@ class _ChildProcess:
                     line = await self.process.stdout.readline()
                     if not line:
                         code = await self.process.wait()
+                        why = await asyncio.to_thread(_last_error, self.log_path)
                         raise BKError(f"{self.name} exited with code {code} before it was "
-                                      f"ready; log tail:\n{_tail(self.log_path)}")
+                                      f"ready: {why} (log {self.log_path})")
                     if line.decode(errors="replace").strip() == ready:
                         return
         except TimeoutError:
             self.kill()
-            raise BKError(f"{self.name} not ready after {READY_TIMEOUT_S}s; log tail:\n"
-                          f"{_tail(self.log_path)}") from None
+            why = await asyncio.to_thread(_last_error, self.log_path)
+            raise BKError(f"{self.name} not ready after {READY_TIMEOUT_S}s; last in its log: "
+                          f"{why} (log {self.log_path})") from None
         except BaseException:
             self.kill()
             raise
@@ -198,6 +213,12 @@ class LocalBookie(_ChildProcess):
                   **self.cluster.bookie_config}
         config_text = "[bookie]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
         await asyncio.to_thread(self._prepare_dir, config_text)
+        if not await asyncio.to_thread(port_free, "127.0.0.1", self.port):
+            who = await asyncio.to_thread(port_user, self.port)
+            raise LocalClusterError(
+                f"{self.name} cannot start: port {self.port} is in use (by "
+                f"{who or 'another process'}); a bookie's id is host:port, so it keeps its "
+                f"port: free it, or use another data directory")
         await self._spawn(self.command(), self.cluster.child_env(), f"ready {self.id}")
 
 
