@@ -22,11 +22,15 @@ ALLOWED: dict[str, set[str]] = {
     "client": BOTTOM | {"client", "net", "proto", "meta"},
     "bookie": BOTTOM | {"bookie", "net", "proto", "meta"},
     "autorecovery": BOTTOM | {"autorecovery", "client", "net", "proto", "meta"},
+    # streams and namespaces, on the ledger client
+    "stream": BOTTOM | {"stream", "client", "net", "proto", "meta"},
     # the local-cluster runner that ships to users (asyncbk standalone, asyncbk bench)
-    "local": BOTTOM | {"local", "client", "bookie", "net", "proto", "meta"},
-    "testing": BOTTOM | {"testing", "local", "client", "bookie", "net", "proto", "meta"},
+    "local": BOTTOM | {"local", "stream", "client", "bookie", "net", "proto", "meta"},
+    "testing": BOTTOM | {"testing", "local", "stream", "client", "bookie", "net", "proto",
+                         "meta"},
+    "spark": BOTTOM | {"spark", "stream", "client", "net", "proto", "meta"},
     # cli runs clusters through local/, never through the test harnesses
-    "cli": BOTTOM | {"cli", "local", "client", "bookie", "net", "proto", "meta",
+    "cli": BOTTOM | {"cli", "local", "stream", "client", "bookie", "net", "proto", "meta",
                      "autorecovery"},
 }
 for _m in BOTTOM:
