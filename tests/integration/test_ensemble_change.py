@@ -77,14 +77,21 @@ async def test_sigkill_and_sigstop_during_pipelined_appends(cluster5: LocalClust
 
 async def test_ensemble_change_with_no_spare_bookie_fails_cleanly(tmp_path: Path) -> None:
     async with LocalCluster(bookies=3, data_dir=tmp_path / "c") as cluster:
-        bk = await cluster.client(add_timeout_s=1.0)
+        bk = await cluster.client(add_timeout_s=1.0, ensemble_change_timeout_s=3.0)
         lh = await bk.create_ledger(3, 3, 3)
         acked = [await lh.append(b"a%d" % i) for i in range(10)]
         cluster.bookies[0].kill()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         with pytest.raises(Exception) as info:
             async with asyncio.timeout(20):
                 await lh.append(b"lost")
+        # The append waited for a replacement (ensemble_change_timeout_s), then failed
+        # naming the bookie that was lost.
+        assert loop.time() - started >= 3.0
         assert type(info.value).__name__ == "NotEnoughBookiesError"
+        assert cluster.bookies[0].id in str(info.value)
+        assert "ensemble_change_timeout_s" in str(info.value)
         md = await bk.ledger_metadata(lh.id)
         assert len(md.ensembles) == 1, "the ensemble is unchanged"
         await cluster.bookies[0].start()

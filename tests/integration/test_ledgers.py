@@ -231,7 +231,7 @@ async def test_in_flight_bound_gives_typed_error_and_capacity_wait(cluster: Loca
 
 
 async def test_hung_bookie_ack_quorum_and_timeouts(cluster: LocalCluster) -> None:
-    bk = await cluster.client(add_timeout_s=1.0)
+    bk = await cluster.client(add_timeout_s=1.0, ensemble_change_timeout_s=2.0)
     tolerant = await bk.create_ledger(3, 3, 2)
     strict = await bk.create_ledger(3, 3, 3)
     slow_bk = await cluster.client(add_timeout_s=60.0, add_quorum_timeout_s=1.0)
@@ -242,7 +242,8 @@ async def test_hung_bookie_ack_quorum_and_timeouts(cluster: LocalCluster) -> Non
         # Qa=2 of Qw=3: one hung bookie does not stop acknowledgements.
         assert await asyncio.gather(*(tolerant.append(b"t") for _ in range(20))) == list(range(20))
         # Qa=3: the bookie times out, an ensemble change is tried, and with no spare
-        # bookie the add fails with NotEnoughBookiesError (and so do later appends).
+        # bookie (and the hung one not answering its probe) the add fails with
+        # NotEnoughBookiesError after ensemble_change_timeout_s (and so do later appends).
         async with asyncio.timeout(10):
             with pytest.raises(NotEnoughBookiesError):
                 await strict.append(b"s")
