@@ -120,22 +120,19 @@ def _unexpected(what: str, resp: Any, expected: type) -> BKError:
 
 
 async def _require_cluster(bk: Any, uri: str) -> None:
-    """Refuse to go on (CliError) when nothing of an asyncbk cluster is under the URI's
-    root: no bookie registered, no ledger, no under-replication mark, no auditor.  A
-    wrong root otherwise looks like an empty cluster."""
-    from ..meta.keys import AUDITOR_LOCK
+    """Refuse to go on (CliError) when no asyncbk cluster lives under the URI's root:
+    no cluster instance id (written when the first bookie of a cluster starts) and no
+    bookie registered.  A wrong root otherwise looks like an empty cluster."""
+    from ..meta.keys import instance_id
     from .main import CliError
 
+    if await bk.meta.kv_get(instance_id(bk.meta.root)) is not None:
+        return
     if await bk.meta.list_bookies():
         return
-    async for _ in bk.list_ledgers():
-        return
-    if await bk.meta.list_underreplicated() or await bk.meta.lock_holder(AUDITOR_LOCK):
-        return
-    raise CliError(f"no asyncbk cluster at {uri}: no bookies are registered and no ledgers "
-                   f"exist under root {bk.meta.root or '/'!r}. Check the root (the path of "
-                   f"--metadata-uri; `asyncbk standalone` prints the URI), or start the "
-                   f"cluster's bookies")
+    raise CliError(f"no asyncbk cluster at {uri}: no bookie ever started under root "
+                   f"{bk.meta.root or '/'!r}. Check the root (the path of --metadata-uri; "
+                   f"`asyncbk standalone` prints the URI)")
 
 
 def _lastmark(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Collection
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from ..config import ClientConfig, from_mapping
 from ..errors import BKError, NotEnoughBookiesError, UnauthorizedAccessError
@@ -155,7 +155,7 @@ class BookKeeper:
         return healthy
 
     @classmethod
-    async def connect(cls, metadata_uri: str, **options: Any) -> BookKeeper:
+    async def connect(cls, metadata_uri: str, **options: Any) -> Self:
         """Connect to the cluster whose metadata lives at ``metadata_uri``
         (``etcd://host:port[,host:port...]/<root>``).  ``options`` are ClientConfig fields."""
         config = from_mapping(ClientConfig, options, "BookKeeper.connect options")
@@ -164,7 +164,7 @@ class BookKeeper:
         bk.bookies.start()
         return bk
 
-    async def __aenter__(self) -> BookKeeper:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

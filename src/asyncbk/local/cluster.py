@@ -30,8 +30,8 @@ from types import TracebackType
 from typing import Any
 
 from ..bookie.startup import port_free, port_user
-from ..client.client import BookKeeper
 from ..errors import BKError
+from ..stream.client import BookKeeper
 from .etcd import EtcdServer
 from .process import (
     ChildRecord,
