@@ -86,6 +86,12 @@ async def test_readme_example_runs(block: Block, tmp_path: Path) -> None:
         assert proc.returncode == 0, err.decode()
         lines = out.decode().splitlines()
         assert lines, "the example printed nothing"
+        if block.section == "Streams in 10 lines":
+            assert lines == [f"1:0:{i} {i} b'order {i}'" for i in range(100)]
+            bk = await cluster.client()
+            info = await (await bk.namespace("orders")).stream_info("eu")
+            assert [s.state for s in info.segments] == ["completed"]  # closed by the with
+            assert info.segments[0].records == 100
         if block.section == "The client in 15 lines":
             assert len(lines) == 1000
             assert lines[0] == "0 b'event 0'"
