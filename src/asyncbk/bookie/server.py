@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .._version import __version__
+from ..clock import SYSTEM_CLOCK, Clock
 from ..config import BookieConfig
 from ..errors import BKError, ConfigError
 from ..log import get_logger
@@ -48,7 +49,7 @@ class Companion(Protocol):
 
 
 class BookieServer:
-    def __init__(self, config: BookieConfig) -> None:
+    def __init__(self, config: BookieConfig, clock: Clock = SYSTEM_CLOCK) -> None:
         if not config.metadata_uri:
             raise ConfigError("a bookie needs --metadata-uri (e.g. etcd://127.0.0.1:2379/asyncbk)")
         if not config.journal_dir or not config.ledger_dir:
@@ -57,6 +58,8 @@ class BookieServer:
             raise ConfigError("a bookie needs a fixed --port: its id is host:port")
         parse_metadata_uri(config.metadata_uri)  # bad input fails before anything is touched
         self.config = config
+        self.clock = clock
+        """The time source of every part (storage, GC, registration, disk checks)."""
         host = config.advertised_host or config.host
         self.bookie_id = f"{host}:{config.port}"
         self.log = get_logger(bookie_id=self.bookie_id)
@@ -91,7 +94,7 @@ class BookieServer:
             await check_or_format(self.meta, self.bookie_id, Path(cfg.journal_dir),
                                   Path(cfg.ledger_dir))
             self.storage = await LedgerStorage.open(Path(cfg.journal_dir), Path(cfg.ledger_dir),
-                                                    cfg, log=self.log)
+                                                    cfg, log=self.log, clock=self.clock)
             self.processor = RequestProcessor(self.storage, self.bookie_id, log=self.log)
             self.listener = BookieListener(
                 self.processor,
@@ -116,6 +119,7 @@ class BookieServer:
                 info=info,
                 on_change=self._on_registration_change,
                 retry_s_max=cfg.register_retry_s_max,
+                clock=self.clock,
                 log=self.log,
             )
             self.registration.readonly = cfg.read_only
@@ -123,7 +127,8 @@ class BookieServer:
             self._disk_task = asyncio.get_running_loop().create_task(self._watch_disk())
             registration = self.registration
             self.gc = GarbageCollector(self.storage, self.meta, self.bookie_id, cfg,
-                                       lambda: registration.lease_id, self.log)
+                                       lambda: registration.lease_id, self.log,
+                                       clock=self.clock)
             self._gc_task = asyncio.get_running_loop().create_task(self.gc.run_forever())
         except BaseException:
             await self._close_parts()
@@ -157,7 +162,7 @@ class BookieServer:
                 except BKError as exc:  # the store is unreachable: try again next round
                     self.log.warning("could not switch read-only mode", error=str(exc))
                     self.read_only_for_disk = not want
-            await asyncio.sleep(cfg.disk_check_interval_s)
+            await self.clock.sleep(cfg.disk_check_interval_s)
 
     def read_only_reasons(self) -> list[str]:
         """Why the bookie is (or should be) read-only; empty when it should be writable."""
