@@ -12,6 +12,7 @@ from ..errors import (
     EndOfStreamError,
     MetadataVersionError,
     NoSuchLedgerError,
+    NoSuchStreamError,
 )
 from ..log import get_logger
 from .meta import (
@@ -90,8 +91,11 @@ class Namespace:
         self._log.info("stream created", stream=name, overrides=overrides)
 
     async def stream_exists(self, name: str) -> bool:
-        check_stream_name(name)
-        return name in await self.md.list_streams(self.name, name, limit=1)
+        try:
+            await self.md.stream(self.name, name)
+        except NoSuchStreamError:
+            return False
+        return True
 
     async def list_streams(self, prefix: str = "") -> AsyncIterator[str]:
         for name in await self.md.list_streams(self.name, prefix):

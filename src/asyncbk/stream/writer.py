@@ -271,12 +271,22 @@ class StreamWriter:
         self._transmit()
 
     def _transmit(self) -> None:
-        """Send the queued records as one entry (unless a roll is under way)."""
-        if not self._futures or self._roll_task is not None or self._error is not None:
-            return
-        txids, datas, futures = self._txids, self._datas, self._futures
-        nbytes = self._buffer_bytes
-        self._txids, self._datas, self._futures, self._buffer_bytes = [], [], [], 0
+        """Send the queued records, as entries of at most ``batch_bytes_max`` bytes of
+        records each (unless a roll is under way: they wait for the new segment)."""
+        while self._futures and self._roll_task is None and self._error is None:
+            limit = self._options.batch_bytes_max
+            n, nbytes = 0, 0
+            for data in self._datas:  # at least one record, then while they fit
+                if n and nbytes + len(data) > limit:
+                    break
+                n += 1
+                nbytes += len(data)
+            self._send(n, nbytes)
+
+    def _send(self, n: int, nbytes: int) -> None:
+        txids, datas, futures = self._txids[:n], self._datas[:n], self._futures[:n]
+        del self._txids[:n], self._datas[:n], self._futures[:n]
+        self._buffer_bytes -= nbytes
         payload = codec.encode(self._seg_records, txids, datas)
         try:
             ledger_future = self._lh.append(payload)
