@@ -37,7 +37,7 @@ import resource
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiofiles
@@ -152,9 +152,11 @@ class Recorder:
         self.cpu0 = _self_cpu_s()
         self.wall_t0 = time.time()
 
-    def record(self, latency_s: float, entries: int = 1) -> None:
+    def record(self, latency_s: float, entries: int = 1, samples: int = 1) -> None:
+        """``entries`` completed now; ``samples`` latencies of ``latency_s`` (one per range
+        read; one per record when a batch of records shares its start and end)."""
         now = time.perf_counter()
-        self.histogram.record_value(min(LATENCY_US_MAX, max(1, int(latency_s * 1e6))))
+        self.histogram.record_value(min(LATENCY_US_MAX, max(1, int(latency_s * 1e6))), samples)
         self.count += entries
         self.end = now
         slot = int((now - self.t0) / TIMELINE_INTERVAL_S)
@@ -548,12 +550,10 @@ def _validate(args: argparse.Namespace) -> None:
     check_extras(args)
 
 
-async def run_bench(args: argparse.Namespace) -> int:
-    """``asyncbk bench write|read``: see the module docstring."""
-    if getattr(args, "worker_out", None):
-        return await run_worker(args)
-    _validate(args)
-    from ..client.client import BookKeeper
+@contextlib.asynccontextmanager
+async def bench_cluster(args: argparse.Namespace) -> AsyncIterator[tuple[str, _ProcessMonitor]]:
+    """The cluster to measure: ``--metadata-uri``, or a local cluster of ``--bookies``
+    started here and stopped on exit; and a (not yet started) monitor of its processes."""
     from ..local import LocalCluster
 
     cluster = None
@@ -563,51 +563,96 @@ async def run_bench(args: argparse.Namespace) -> int:
         cluster = LocalCluster(bookies=args.bookies)
         await cluster.start()
         metadata_uri = cluster.metadata_uri
-    pids: dict[str, int] = {}
-    if cluster is not None:
-        pids = {f"bookie-{b.index}": b.pid for b in cluster.bookies if b.pid}
-        if cluster.etcd is not None and cluster.etcd.pid:
-            pids["etcd"] = cluster.etcd.pid
-    monitor = _ProcessMonitor(pids)
-    bk = await BookKeeper.connect(metadata_uri)
     try:
-        ledger_ids: list[int] = []
-        if args.workload == "read" and args.mode == "catchup":
-            ledger_ids = await _prepare_closed_ledgers(bk, args)
-            args.ledger_ids = ledger_ids
-        monitor.start()
-        if args.clients > 1:
-            with tempfile.TemporaryDirectory(prefix="asyncbk-bench-") as workdir:
-                rec, client_cpu_s = await _run_processes(args, metadata_uri, ledger_ids, workdir)
-        else:
-            rec = Recorder(args.entry_size)
-            await _run_in_process(bk, args, args.entries, args.ledgers, rec)
-            client_cpu_s = _self_cpu_s() - rec.cpu0
-        cpu_percent = {"client": 100 * client_cpu_s / rec.elapsed,
-                       **monitor.cpu_percent(rec.wall_t0, rec.wall_t0 + rec.elapsed)}
+        pids: dict[str, int] = {}
+        if cluster is not None:
+            pids = {f"bookie-{b.index}": b.pid for b in cluster.bookies if b.pid}
+            if cluster.etcd is not None and cluster.etcd.pid:
+                pids["etcd"] = cluster.etcd.pid
+        monitor = _ProcessMonitor(pids)
+        try:
+            yield metadata_uri, monitor
+        finally:
+            await monitor.stop()
     finally:
-        await monitor.stop()
-        await bk.close()
         if cluster is not None:
             await cluster.stop()
-    if rec.errors:
-        raise CliError(f"{rec.errors} operations failed; first: {rec.first_error}")
-    result = _result(args, rec, cpu_percent, monitor.rss_mb())
-    _print_summary(args, result)
+
+
+async def save(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """``--json`` and ``--plot``."""
     if args.json:
         async with aiofiles.open(args.json, "w") as fh:
             await fh.write(json.dumps(result, indent=2))
     if args.plot:
         await asyncio.to_thread(plot, result, args.plot)
         print(f"plot: {args.plot}")
+
+
+async def run_bench(args: argparse.Namespace) -> int:
+    """``asyncbk bench write|read|stream``: see the module docstring."""
+    if getattr(args, "worker_out", None):
+        return await run_worker(args)
+    _validate(args)
+    if args.workload == "stream":
+        from .bench_stream import run_stream_bench
+
+        return await run_stream_bench(args)
+    from ..client.client import BookKeeper
+
+    async with bench_cluster(args) as (metadata_uri, monitor):
+        bk = await BookKeeper.connect(metadata_uri)
+        try:
+            ledger_ids: list[int] = []
+            if args.workload == "read" and args.mode == "catchup":
+                ledger_ids = await _prepare_closed_ledgers(bk, args)
+                args.ledger_ids = ledger_ids
+            monitor.start()
+            if args.clients > 1:
+                with tempfile.TemporaryDirectory(prefix="asyncbk-bench-") as workdir:
+                    rec, client_cpu_s = await _run_processes(args, metadata_uri, ledger_ids,
+                                                             workdir)
+            else:
+                rec = Recorder(args.entry_size)
+                await _run_in_process(bk, args, args.entries, args.ledgers, rec)
+                client_cpu_s = _self_cpu_s() - rec.cpu0
+            cpu_percent = {"client": 100 * client_cpu_s / rec.elapsed,
+                           **monitor.cpu_percent(rec.wall_t0, rec.wall_t0 + rec.elapsed)}
+        finally:
+            await bk.close()
+    if rec.errors:
+        raise CliError(f"{rec.errors} operations failed; first: {rec.first_error}")
+    result = _result(args, rec, cpu_percent, monitor.rss_mb())
+    _print_summary(args, result)
+    await save(args, result)
     return 0
+
+
+PERCENTILES = [0, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 99.99, 100]
+
+
+def latency_json(h: Any) -> dict[str, Any]:
+    """``latency_us`` of a result: the main percentiles of histogram ``h``."""
+    return {
+        "p50": h.get_value_at_percentile(50),
+        "p99": h.get_value_at_percentile(99),
+        "p999": h.get_value_at_percentile(99.9),
+        "max": h.get_max_value(),
+        "mean": h.get_mean_value(),
+        "samples": h.get_total_count(),
+    }
+
+
+def versions() -> dict[str, str]:
+    return {"asyncbk": __version__, "python": platform.python_version(),
+            "msgpack": _version_of("msgpack"), "uvloop": _version_of("uvloop")}
 
 
 def _result(args: argparse.Namespace, rec: Recorder, cpu_percent: dict[str, float],
             rss_mb: dict[str, Any]) -> dict[str, Any]:
     h = rec.histogram
     eps = rec.count / rec.elapsed
-    percentiles = [0, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 99.99, 100]
+    percentiles = PERCENTILES
     workload = args.workload if args.workload == "write" else f"read-{args.mode}"
     config_keys = ["entries", "inflight", "entry_size", "ensemble", "write_quorum",
                    "ack_quorum", "digest", "bookies", "warmup", "ledgers", "clients", "rate",
@@ -620,22 +665,14 @@ def _result(args: argparse.Namespace, rec: Recorder, cpu_percent: dict[str, floa
         "entries_done": rec.count,
         "throughput_eps": eps,
         "throughput_mbps": eps * args.entry_size / 1e6,
-        "latency_us": {
-            "p50": h.get_value_at_percentile(50),
-            "p99": h.get_value_at_percentile(99),
-            "p999": h.get_value_at_percentile(99.9),
-            "max": h.get_max_value(),
-            "mean": h.get_mean_value(),
-            "samples": h.get_total_count(),
-        },
+        "latency_us": latency_json(h),
         "latency_distribution_us": {str(p): h.get_value_at_percentile(p) for p in percentiles},
         "timeline": {"interval_s": TIMELINE_INTERVAL_S, "completed": rec.timeline},
         "cpu_percent": {k: round(v, 1) for k, v in cpu_percent.items()},
         "bookie_rss_mb": rss_mb,
         "elapsed_s": rec.elapsed,
         "config": {k: getattr(args, k, None) for k in config_keys},
-        "versions": {"asyncbk": __version__, "python": platform.python_version(),
-                     "msgpack": _version_of("msgpack"), "uvloop": _version_of("uvloop")},
+        "versions": versions(),
     }
 
 
@@ -679,17 +716,21 @@ def plot(result: dict[str, Any], path: str) -> None:
     counts = timeline["completed"][:-1] or timeline["completed"]  # the last slot is partial
     ax2.plot([i * step for i in range(len(counts))], [n / step for n in counts])
     ax2.set_xlabel("seconds")
-    ax2.set_ylabel(f"entries/s ({step * 1000:.0f} ms windows)")
+    unit = "records" if "throughput_rps" in result else "entries"
+    ax2.set_ylabel(f"{unit}/s ({step * 1000:.0f} ms windows)")
     ax2.set_ylim(bottom=0)
     ax2.set_title("throughput over time")
     ax2.grid(True, alpha=0.3)
     cfg = result["config"]
+    size = cfg.get("entry_size") or cfg.get("record_size")
+    rate = result.get("throughput_eps", result.get("throughput_rps", 0.0))
     fig.suptitle(f"asyncbk {result['workload']} ({result['loop']} loop): "
-                 f"{cfg['entry_size']} B, E={cfg['ensemble']} Qw={cfg['write_quorum']} "
-                 f"Qa={cfg['ack_quorum']}, {result['throughput_eps']:,.0f} entries/s")
+                 f"{size} B, E={cfg['ensemble']} Qw={cfg['write_quorum']} "
+                 f"Qa={cfg['ack_quorum']}, {rate:,.0f} {unit}/s")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-__all__ = ["Recorder", "check_extras", "plot", "run_bench"]
+__all__ = ["Progress", "Recorder", "bench_cluster", "check_extras", "latency_json", "plot",
+           "run_bench", "save", "versions"]

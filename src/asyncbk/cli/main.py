@@ -166,6 +166,54 @@ def _add_bench_options(p: argparse.ArgumentParser, default_quorum: int) -> None:
     _add_log_options(p)
 
 
+def _add_bench_stream_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=["write", "tail"], default="write",
+                   help="write (latency to durable) or tail (latency to a reader)")
+    p.add_argument("--records", type=_positive_int, default=200_000,
+                   help="records to write")
+    p.add_argument("--record-size", type=_positive_int, default=100, metavar="BYTES",
+                   help="bytes per record")
+    p.add_argument("--duration", type=_positive_float, metavar="SECONDS",
+                   help="stop after this many seconds even if --records are not done "
+                   "(default: no time limit)")
+    p.add_argument("--inflight", type=_positive_int, default=20_000, metavar="RECORDS",
+                   help="records written but not yet durable, at most (closed loop; with "
+                   "--rate, the bound past which sending waits)")
+    p.add_argument("--rate", type=_positive_float, metavar="PER_S",
+                   help="open loop: offer this many records per second (default: closed "
+                   "loop, --inflight records in flight)")
+    p.add_argument("--burst", type=_positive_int, default=1000, metavar="RECORDS",
+                   help="records written in one event-loop turn at most (the writer sends "
+                   "a turn's records as one ledger entry, up to 1 MiB)")
+    p.add_argument("--ensemble", type=_positive_int, default=3,
+                   help="ensemble size E of the stream's segments")
+    p.add_argument("--write-quorum", type=_positive_int, default=3,
+                   help="write quorum Qw: bookies each entry is written to")
+    p.add_argument("--ack-quorum", type=_positive_int, default=2,
+                   help="ack quorum Qa: bookies that must have an entry before its records "
+                   "are acknowledged")
+    p.add_argument("--digest", default="xxh3", choices=["xxh3", "hmac-sha256", "none"],
+                   help="digest of each entry")
+    p.add_argument("--rolling-mb", type=_positive_int, default=256, metavar="MIB",
+                   help="the writer starts a new segment after this many MiB of records")
+    p.add_argument("--bookies", type=_positive_int, default=3,
+                   help="bookies of the local cluster (without --metadata-uri)")
+    p.add_argument("--warmup", type=int, default=20_000, metavar="RECORDS",
+                   help="records written before measuring")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the benchmark's namespace and stream afterwards (default: "
+                   "deleted)")
+    p.add_argument("--metadata-uri",
+                   help="run against this cluster (default: start a local cluster of "
+                   "--bookies bookies on free ports, stopped afterwards)")
+    p.add_argument("--json", metavar="FILE",
+                   help="write the results as JSON to this file (default: no file)")
+    p.add_argument("--plot", metavar="PNG",
+                   help="draw latency distribution and throughput to this PNG, needs "
+                   "matplotlib (default: no plot)")
+    _add_log_options(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="asyncbk", description="asyncbk: an asyncio-native replicated log "
                      "service (bookies, ledgers, metadata in etcd).")
@@ -239,6 +287,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--batch", type=_positive_int, default=1000,
                    help="entries per read call in catchup mode")
     _add_bench_options(r, default_quorum=3)
+    st = bsub.add_parser("stream", help="stream write throughput and tailing latency",
+                         formatter_class=_DefaultsFormatter,
+                         description="write: N records of --record-size bytes to one stream, "
+                         "--inflight records in flight (closed loop) or at --rate (open "
+                         "loop); the writer batches a loop turn's records into one entry; "
+                         "latency per record from the write call to durable. tail: a reader "
+                         "follows the stream while the writer writes; latency from the "
+                         "write call to the reader.")
+    _add_bench_stream_options(st)
+
+    p = sub.add_parser("stream", help="namespaces and streams: create, list, info, write, "
+                       "tail, truncate, delete",
+                       description="Namespaces and streams (see docs/streams.md): create, "
+                       "list and delete them, write stdin lines as records, tail records as "
+                       "text or JSON, show segments, truncate.")
+    stsub = p.add_subparsers(dest="stream_command", metavar="STREAM_COMMAND",
+                             parser_class=_Parser)
+    from . import stream
+
+    stream.add_commands(stsub, _add_log_options, _DefaultsFormatter)
 
     p = sub.add_parser("shell", help="admin commands", description="Admin commands.")
     ssub = p.add_subparsers(dest="shell_command", metavar="SHELL_COMMAND", parser_class=_Parser)
@@ -370,8 +438,9 @@ def cmd_standalone(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.workload not in ("write", "read"):
-        raise CliError("choose a workload: asyncbk bench write --help, asyncbk bench read --help")
+    if args.workload not in ("write", "read", "stream"):
+        raise CliError("choose a workload: asyncbk bench write --help, asyncbk bench read "
+                       "--help, asyncbk bench stream --help")
     from .bench import check_extras, run_bench
 
     check_extras(args)  # before anything is started
@@ -388,6 +457,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         "autorecovery": cmd_autorecovery,
     }
     prog = f"asyncbk {args.command}" if args.command else "asyncbk"
+    if args.command == "stream" and args.stream_command:
+        prog += f" {args.stream_command}"
     try:
         if args.command is None:
             parser.print_help()
@@ -396,6 +467,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             from .shell import run_shell
 
             code = run_shell(args, _run, _configure_logging)
+        elif args.command == "stream":
+            from .stream import run_stream
+
+            code = run_stream(args, _run, _configure_logging)
         else:
             code = handlers[args.command](args)
     except KeyboardInterrupt:
