@@ -122,6 +122,37 @@ def test_unreachable_etcd_is_one_line() -> None:
     assert "cannot reach etcd" in line
 
 
+def test_bench_stream_help_shows_every_default() -> None:
+    r = subprocess.run([sys.executable, "-m", "asyncbk", "bench", "stream", "--help"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**_env(), "COLUMNS": "400"})
+    assert r.returncode == 0, r.stderr
+    options = r.stdout.split("\noptions:\n", 1)[1]
+    entries: list[str] = []
+    for line in options.splitlines():
+        if line.startswith("  -"):
+            entries.append(line)
+        elif entries:
+            entries[-1] += " " + line.strip()
+    assert len(entries) > 15
+    for entry in entries[1:]:  # after -h
+        assert "default" in entry, f"no default shown: {entry}"
+
+
+@pytest.mark.parametrize(("args", "code", "expect"), [
+    (["--ensemble", "5"], 1, "needs at least that many --bookies"),
+    (["--write-quorum", "3", "--ack-quorum", "4"], 1, "--ensemble >= --write-quorum"),
+    (["--mode", "read"], 2, "invalid choice"),
+    (["--records", "0"], 2, "must be >= 1"),
+    (["--rate", "-3"], 2, "must be > 0"),
+])
+def test_bench_stream_bad_input_is_one_line(args: list[str], code: int, expect: str) -> None:
+    r = cli("bench", "stream", *args)
+    line = one_line_error(r, code)
+    assert expect in line, line
+    assert "starting a local cluster" not in r.stderr
+
+
 # ------------------------------------------------------------------ against a cluster
 
 
