@@ -21,6 +21,9 @@ from typing import ClassVar
 _BYTES = struct.Struct(">QQI")
 _MAX64 = (1 << 64) - 1
 _MAX32 = (1 << 32) - 1
+_REAL_MAX63 = (1 << 63) - 1
+"""Real positions stay below this (ledger entry ids are signed 64-bit), so none can
+be mistaken for the LATEST marker."""
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -72,9 +75,11 @@ class Position:
 
     @classmethod
     def checked(cls, segment: int, entry: int, slot: int) -> Position:
-        if not (1 <= segment <= _MAX64 and 0 <= entry <= _MAX64 and 0 <= slot <= _MAX32):
-            raise ValueError(f"bad stream position {segment}:{entry}:{slot}: segment >= 1, "
-                             "entry >= 0 and slot >= 0 expected")
+        if not (1 <= segment <= _REAL_MAX63 and 0 <= entry <= _REAL_MAX63
+                and 0 <= slot < _MAX32):
+            raise ValueError(f"bad stream position {segment}:{entry}:{slot}: segment in "
+                             f"1..{_REAL_MAX63}, entry in 0..{_REAL_MAX63} and slot in "
+                             f"0..{_MAX32 - 1} expected")
         return cls(segment, entry, slot)
 
     def is_marker(self) -> bool:
