@@ -339,14 +339,30 @@ async def test_tail_follows_new_records_until_ctrl_c(cluster: LocalCluster) -> N
         stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, env=_env())
     assert proc.stdout is not None
     try:
-        await asyncio.sleep(2)  # the tail has started at the end
-        await st("write", "ns", "s", stdin=b"".join(b"new %d\n" % i for i in range(3)))
+        # write a record at a time until the tail (started at the end) shows one
+        first = None
+        for i in range(30):
+            await st("write", "ns", "s", stdin=b"new %d\n" % i)
+            try:
+                first = json.loads(await asyncio.wait_for(proc.stdout.readline(), 1.0))
+                break
+            except TimeoutError:
+                continue
+        assert first is not None, "the tail printed nothing"
+        assert first["data"].startswith("new ") and first["txid"] >= 1  # not "old"
+        n = int(first["data"].split()[1])
+        assert first["txid"] == n + 1
+        await st("write", "ns", "s", stdin=b"".join(b"more %d\n" % k for k in range(3)))
+        # every record written after the first shown, in order, each once
+        expect = [f"new {k}" for k in range(n + 1, i + 1)] + [f"more {k}" for k in range(3)]
         got = []
         async with asyncio.timeout(30):
-            while len(got) < 3:
+            while len(got) < len(expect):
                 got.append(json.loads(await proc.stdout.readline()))
-        assert [(g["position"], g["txid"], g["data"]) for g in got] == \
-            [("2:0:0", 1, "new 0"), ("2:0:1", 2, "new 1"), ("2:0:2", 3, "new 2")]
+        assert [(g["txid"], g["data"]) for g in got] == \
+            [(first["txid"] + 1 + k, data) for k, data in enumerate(expect)]
+        positions = [Position.parse(g["position"]) for g in [first, *got]]
+        assert positions == sorted(positions) and positions[0].segment >= 2
         proc.send_signal(signal.SIGINT)
         async with asyncio.timeout(30):
             out, err = await proc.communicate()
