@@ -4,7 +4,8 @@ The keys are in :mod:`asyncbk.meta.keys` (``<root>/streams/...``); the values
 are msgpack maps.  A **namespace** holds the defaults of its streams
 (:class:`StreamConfig`).  A **stream** record holds its overrides, the highest
 segment number it ever had (``max_seq``, so a number is never reused, even
-after truncation) and whether it was ended.  Each **segment** is one ledger:
+after truncation), the highest txid it ever held, the writer epoch (bumped by
+each writer that opens it) and whether it was ended.  Each **segment** is one ledger:
 its record (:class:`Segment`) says where it starts and ends in positions,
 txids and record counts.
 
@@ -210,11 +211,18 @@ class StreamMeta:
     max_seq: int = 0
     ended: bool = False
     ctime_ms: int = 0
+    last_txid: int = -1
+    """The highest txid any completed segment ever held (kept after truncation, so a
+    new writer continues the sequence)."""
+    epoch: int = 0
+    """Bumped by every writer that opens the stream: an older writer's next change of
+    the segments sees it moved and knows it was fenced."""
     version: int = 0
 
     def to_bytes(self) -> bytes:
         return _pack({"overrides": self.overrides, "max_seq": self.max_seq,
-                      "ended": self.ended, "ctime_ms": self.ctime_ms})
+                      "ended": self.ended, "ctime_ms": self.ctime_ms,
+                      "last_txid": self.last_txid, "epoch": self.epoch})
 
 
 class StreamMetadata:
@@ -289,7 +297,8 @@ class StreamMetadata:
             raise NoSuchStreamError(f"no stream {name!r} in namespace {namespace!r}")
         d = _unpack(kv, f"stream {namespace}/{name}")
         return StreamMeta(namespace, name, dict(d.get("overrides", {})), int(d.get("max_seq", 0)),
-                          bool(d.get("ended", False)), int(d.get("ctime_ms", 0)), kv.version)
+                          bool(d.get("ended", False)), int(d.get("ctime_ms", 0)),
+                          int(d.get("last_txid", -1)), int(d.get("epoch", 0)), kv.version)
 
     async def list_streams(self, namespace: str, prefix: str = "", limit: int = 0) -> list[str]:
         check_namespace_name(namespace)
@@ -316,7 +325,8 @@ class StreamMetadata:
             after = page[-1].key
 
     async def commit(self, sm: StreamMeta, *, put: Sequence[Segment] = (),
-                     drop: Sequence[Segment] = (), ended: bool | None = None) -> tuple[StreamMeta, list[Segment]]:
+                     drop: Sequence[Segment] = (), ended: bool | None = None,
+                     epoch: int | None = None) -> tuple[StreamMeta, list[Segment]]:
         """One transaction: write ``put`` (new segments: version 0; changed ones: the
         version read) and remove ``drop``, if the stream record and each of them are
         still at the versions read.  Returns the new stream record and ``put`` with
@@ -324,8 +334,10 @@ class StreamMetadata:
         ns, name = sm.namespace, sm.name
         skey = keys.stream(self.root, ns, name)
         max_seq = max([sm.max_seq, *(s.seq for s in put)])
-        new_sm = dataclasses.replace(sm, max_seq=max_seq,
-                                     ended=sm.ended if ended is None else ended)
+        last_txid = max([sm.last_txid, *(s.last_txid for s in put)])
+        new_sm = dataclasses.replace(sm, max_seq=max_seq, last_txid=last_txid,
+                                     ended=sm.ended if ended is None else ended,
+                                     epoch=sm.epoch if epoch is None else epoch)
         compare = [(skey, sm.version)]
         compare += [(keys.segment(self.root, ns, name, s.seq), s.version) for s in put]
         compare += [(keys.segment(self.root, ns, name, s.seq), s.version) for s in drop]

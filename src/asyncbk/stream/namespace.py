@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..client.ledger import FRAME_OVERHEAD_BYTES_MAX
 from ..clock import LOOP_CLOCK, Clock
 from ..errors import (
     BKError,
@@ -15,6 +16,7 @@ from ..errors import (
     NoSuchStreamError,
 )
 from ..log import get_logger
+from . import codec
 from .meta import (
     Segment,
     StreamConfig,
@@ -143,7 +145,14 @@ class Namespace:
         """Take the stream over: fence and complete its open segment (an older writer
         gets WriterFencedError) and start a new one.  ``options``: WriterOptions."""
         check_stream_name(name)
-        return await open_writer(self, name, WriterOptions(**options).validate())
+        opts = WriterOptions(**options).validate()
+        # A record (with the batch header) must fit in one ledger entry.
+        fit = self.bk.config.frame_bytes_max - FRAME_OVERHEAD_BYTES_MAX \
+            - codec.HEADER_BYTES - codec.RECORD_OVERHEAD_BYTES
+        if opts.record_bytes_max > fit:
+            raise ValueError(f"record_bytes_max {opts.record_bytes_max} exceeds what one "
+                             f"ledger entry carries ({fit} bytes, from frame_bytes_max)")
+        return await open_writer(self, name, opts)
 
     async def create_segment_ledger(self, stream: str, config: StreamConfig,
                                     seq: int) -> LedgerHandle:
@@ -228,9 +237,9 @@ class Namespace:
             try:
                 new_sm, _ = await self.md.commit(sm, drop=drop)
             except MetadataVersionError:
-                if writer is not None:  # our stream record is stale: re-read once
-                    writer._take_sm(await self.md.stream(self.name, name))
-                    continue
+                if writer is not None and \
+                        not writer._take_sm(await self.md.stream(self.name, name)):
+                    return 0  # another writer opened the stream: not ours to trim
                 continue
             if writer is not None:
                 writer._take_sm(new_sm)

@@ -77,9 +77,9 @@ class Position:
     def checked(cls, segment: int, entry: int, slot: int) -> Position:
         if not (1 <= segment <= _REAL_MAX63 and 0 <= entry <= _REAL_MAX63
                 and 0 <= slot < _MAX32):
-            raise ValueError(f"bad stream position {segment}:{entry}:{slot}: segment in "
-                             f"1..{_REAL_MAX63}, entry in 0..{_REAL_MAX63} and slot in "
-                             f"0..{_MAX32 - 1} expected")
+            raise ValueError(f"bad stream position {segment}:{entry}:{slot}: expected "
+                             f"SEGMENT:ENTRY:SLOT with segment >= 1, entry >= 0, slot >= 0 "
+                             f"(segment and entry below 2**63, slot below 2**32 - 1)")
         return cls(segment, entry, slot)
 
     def is_marker(self) -> bool:

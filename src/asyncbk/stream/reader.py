@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     BKError,
+    CorruptRecordError,
     EndOfStreamError,
     NoSuchLedgerError,
     TruncatedError,
@@ -100,7 +101,12 @@ class StreamReader:
                 else:
                     return []
         while len(self._ready) < n and not self._queue.empty():
-            await self._fill(0)
+            try:
+                await self._fill(0)
+            except BKError:
+                if not self._ready:
+                    raise
+                break  # hand out what came first; the error is raised by the next call
         out: list[StreamRecord] = []
         while self._ready and len(out) < n:
             out.append(self._ready.popleft())
@@ -167,9 +173,19 @@ class StreamReader:
             try:
                 rh = await ns.bk.open_ledger(seg.ledger_id, recovery=False)
             except NoSuchLedgerError:
-                raise TruncatedError(
-                    f"stream {self.namespace}/{name}: segment {seg.seq} was removed while "
-                    "being read (truncated or deleted)") from None
+                segs = await ns.md.segments(ns.name, name)
+                now = next((s for s in segs if s.seq == seg.seq), None)
+                if now is None:
+                    raise TruncatedError(
+                        f"stream {self.namespace}/{name}: segment {seg.seq} was removed "
+                        "while being read (truncated or deleted)") from None
+                if now.completed and now.records == 0:
+                    seq += 1  # an empty segment whose unused ledger is gone: nothing lost
+                    first_entry = first_slot = 0
+                    continue
+                raise CorruptRecordError(
+                    f"stream {self.namespace}/{name}: the ledger {seg.ledger_id} of segment "
+                    f"{seg.seq} does not exist") from None
             async for entry in rh.tail(first_entry, poll_s=LAC_POLL_S):
                 batch = codec.decode(entry.data, f"stream {self.namespace}/{name} segment "
                                                  f"{seq} entry {entry.entry_id}")

@@ -32,6 +32,7 @@ import asyncio
 import collections
 import dataclasses
 import functools
+import random
 from typing import TYPE_CHECKING, Any
 
 from ..errors import (
@@ -414,19 +415,26 @@ class StreamWriter:
         is retried; anything else means another writer took over."""
         lh = await self._ns.create_segment_ledger(self._sm.name, self._config,
                                                   self._sm.max_seq + 1)
-        try:
-            while True:
-                new = Segment(seq=self._sm.max_seq + 1, ledger_id=lh.id,
-                              start_sequence=completed.start_sequence + completed.records,
-                              ctime_ms=int(self._clock.wall_s() * 1000))
-                try:
-                    self._sm, (_, new) = await self._ns.md.commit(self._sm, put=[completed, new])
-                    break
-                except MetadataVersionError:
-                    completed = await self._refresh_own(completed)
-        except BaseException:
-            await self._ns.discard_ledger(lh)
-            raise
+        while True:
+            new = Segment(seq=self._sm.max_seq + 1, ledger_id=lh.id,
+                          start_sequence=completed.start_sequence + completed.records,
+                          ctime_ms=int(self._clock.wall_s() * 1000))
+            try:
+                self._sm, (_, new) = await self._ns.md.commit(self._sm, put=[completed, new])
+                break
+            except MetadataVersionError:
+                pass  # certainly not applied
+            except BaseException:
+                # The outcome may be unknown (cancelled, or the store's answer lost):
+                # keep the ledger; if the segment was committed, the next takeover
+                # recovers it.
+                await lh.close_quietly()
+                raise
+            try:
+                completed = await self._refresh_own(completed)
+            except BaseException:  # fenced, or the stream deleted: the ledger is unused
+                await self._ns.discard_ledger(lh)
+                raise
         self._lh = lh
         self._seg = new
         self._seg_started_s = self._clock.monotonic_s()
@@ -441,8 +449,8 @@ class StreamWriter:
         sm = await self._ns.md.stream(self.namespace, self.stream)
         segs = await self._ns.md.segments(self.namespace, self.stream)
         mine = next((s for s in segs if s.seq == self._seg.seq), None)
-        if mine is None or mine.completed or mine.ledger_id != self._seg.ledger_id \
-                or segs[-1].seq != mine.seq:
+        if sm.epoch != self._sm.epoch or mine is None or mine.completed \
+                or mine.ledger_id != self._seg.ledger_id or segs[-1].seq != mine.seq:
             raise WriterFencedError(
                 f"stream {self.namespace}/{self.stream}: another writer took it over")
         self._sm = sm
@@ -482,9 +490,13 @@ class StreamWriter:
             await self._lh.close_quietly()
             raise error from None
 
-    def _take_sm(self, sm: StreamMeta) -> None:
-        """The stream record after a change this writer made (retention)."""
+    def _take_sm(self, sm: StreamMeta) -> bool:
+        """Take a fresher stream record (after retention changed it), unless another
+        writer has opened the stream since (then this one is fenced: False)."""
+        if sm.epoch != self._sm.epoch:
+            return False
         self._sm = sm
+        return True
 
     @property
     def stream_meta(self) -> StreamMeta:
@@ -500,10 +512,18 @@ async def open_writer(ns: Namespace, name: str, options: WriterOptions) -> Strea
     """Take the stream over (see the module docstring) and return its writer."""
     md = ns.md
     log = get_logger(namespace=ns.name, stream=name)
-    for _attempt in range(TAKEOVER_ATTEMPTS):
+    for attempt in range(TAKEOVER_ATTEMPTS):
+        if attempt:  # another opener won the race: let it settle, then fence it in turn
+            await asyncio.sleep(random.uniform(0, min(1.0, 0.02 * 2 ** attempt)))
         sm = await md.stream(ns.name, name)
         if sm.ended:
             raise EndOfStreamError(f"stream {ns.name}/{name} was ended: it takes no more writes")
+        # First claim the stream: from this commit on, an older writer's next change
+        # of the segments (a roll, its close) fails and it knows it was fenced.
+        try:
+            sm, _ = await md.commit(sm, epoch=sm.epoch + 1)
+        except MetadataVersionError:
+            continue
         config = await ns.stream_config(sm)
         segs = await md.segments(ns.name, name)
         put: list[Segment] = []
@@ -516,21 +536,22 @@ async def open_writer(ns: Namespace, name: str, options: WriterOptions) -> Strea
             if ended:
                 await md.commit(sm, put=put, ended=True)
                 raise EndOfStreamError(f"stream {ns.name}/{name} was ended")
-        last_txid = max((s.last_txid for s in segs[:-1] + ([last] if last else [])),
-                        default=-1)
+        last_txid = max([sm.last_txid, *(s.last_txid for s in segs), *(s.last_txid for s in put)])
         start_sequence = last.start_sequence + last.records if last is not None else 0
-        seq = sm.max_seq + 1
+        seq = max([sm.max_seq, *(s.seq for s in segs)]) + 1
         lh = await ns.create_segment_ledger(name, config, seq)
         new = Segment(seq=seq, ledger_id=lh.id, start_sequence=start_sequence,
                       ctime_ms=int(ns.clock.wall_s() * 1000))
         try:
             sm, committed = await md.commit(sm, put=[*put, new])
-        except MetadataVersionError:
+        except MetadataVersionError:  # certainly not applied: the ledger is unused
             await ns.discard_ledger(lh)
             log.info("another writer opened the stream at the same time; trying again")
             continue
         except BaseException:
-            await ns.discard_ledger(lh)
+            # The outcome may be unknown (the commit may have landed): keep the
+            # ledger; if it was committed, the next takeover recovers it.
+            await lh.close_quietly()
             raise
         if took_over:
             ns.stats.took_over(ns.name)
