@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import functools
 import random
@@ -66,7 +67,8 @@ class WriterOptions:
     """Bounds of one writer (``ns.open_writer(name, **options)``)."""
 
     batch_bytes_max: int = 1024 * 1024
-    """Bytes of records sent as one ledger entry at most (a larger record goes alone)."""
+    """Bytes of one ledger entry at most, records and their headers (a larger record
+    goes alone)."""
     record_bytes_max: int = 4 * 1024 * 1024
     """The largest record accepted."""
     pending_records_max: int = 200_000
@@ -137,6 +139,7 @@ class StreamWriter:
         self._room.set()
         self._roll_task: asyncio.Task[None] | None = None
         self._error: BKError | None = None
+        self._aborted = False
         self._closed = False
         self._close_task: asyncio.Task[None] | None = None
 
@@ -181,12 +184,15 @@ class StreamWriter:
                 f"stream {self.namespace}/{self.stream}: {self._pending_records} records "
                 f"({self._pending_bytes} bytes) pending; await write() or flush()")
         fut: asyncio.Future[Position] = self._loop.create_future()
-        if self._buffer_bytes and self._buffer_bytes + size > self._options.batch_bytes_max:
+        cost = size + codec.RECORD_OVERHEAD_BYTES  # what it adds to the entry
+        if self._buffer_bytes and self._buffer_bytes + cost > self._options.batch_bytes_max:
             self._transmit()
+            if self._error is not None:  # that send found the writer failed
+                raise self._error
         self._txids.append(txid)
         self._datas.append(bytes(data))
         self._futures.append(fut)
-        self._buffer_bytes += size
+        self._buffer_bytes += cost
         self._pending_records += 1
         self._pending_bytes += size
         self._last_txid = txid
@@ -215,7 +221,9 @@ class StreamWriter:
         self._transmit()
         while True:
             if self._roll_task is not None:
-                await asyncio.shield(self._roll_task)
+                await asyncio.wait([self._roll_task])  # (abort() may cancel it)
+                if self._error is not None:
+                    raise self._error
                 self._transmit()
             entries = [e.ledger_future for e in self._inflight]
             if not entries and self._roll_task is None:
@@ -245,6 +253,7 @@ class StreamWriter:
     async def abort(self) -> None:
         """Give up without completing anything (what a crash does): pending records
         fail; the next writer's takeover completes the segment."""
+        self._aborted = True
         self._fail(LedgerClosedError(f"writer of {self.namespace}/{self.stream} aborted"))
         self._closed = True
         await self._cancel_roll()
@@ -274,20 +283,24 @@ class StreamWriter:
     def _transmit(self) -> None:
         """Send the queued records, as entries of at most ``batch_bytes_max`` bytes of
         records each (unless a roll is under way: they wait for the new segment)."""
+        limit = self._options.batch_bytes_max - codec.HEADER_BYTES
+        overhead = codec.RECORD_OVERHEAD_BYTES
         while self._futures and self._roll_task is None and self._error is None:
-            limit = self._options.batch_bytes_max
-            n, nbytes = 0, 0
+            n, encoded = 0, 0
             for data in self._datas:  # at least one record, then while they fit
-                if n and nbytes + len(data) > limit:
+                cost = len(data) + overhead
+                if n and encoded + cost > limit:
                     break
                 n += 1
-                nbytes += len(data)
-            self._send(n, nbytes)
+                encoded += cost
+            self._send(n, encoded)
 
-    def _send(self, n: int, nbytes: int) -> None:
+    def _send(self, n: int, encoded: int) -> None:
+        """Send the first ``n`` queued records (``encoded`` bytes in the entry)."""
         txids, datas, futures = self._txids[:n], self._datas[:n], self._futures[:n]
         del self._txids[:n], self._datas[:n], self._futures[:n]
-        self._buffer_bytes -= nbytes
+        self._buffer_bytes -= encoded
+        nbytes = encoded - n * codec.RECORD_OVERHEAD_BYTES  # the records' own bytes
         payload = codec.encode(self._seg_records, txids, datas)
         try:
             ledger_future = self._lh.append(payload)
@@ -339,7 +352,9 @@ class StreamWriter:
         self._fail(error)
 
     def _map_error(self, exc: BaseException) -> BKError:
-        if isinstance(exc, LedgerFencedError):
+        # The ledger fenced (a bookie said so) or closed under us (a recovery closed
+        # it, seen at an ensemble change or at close): another writer took over.
+        if isinstance(exc, (LedgerFencedError, LedgerClosedError)) and not self._aborted:
             return WriterFencedError(
                 f"stream {self.namespace}/{self.stream}: another writer took it over "
                 "(opened it); this writer can write nothing more")
@@ -470,7 +485,9 @@ class StreamWriter:
         try:
             self._transmit()
             while self._roll_task is not None:
-                await asyncio.shield(self._roll_task)
+                await asyncio.wait([self._roll_task])  # (abort() may cancel it)
+                if self._error is not None:
+                    raise self._error
                 self._transmit()
             await self._wait_inflight()
             self._closed = True
@@ -533,8 +550,9 @@ async def open_writer(ns: Namespace, name: str, options: WriterOptions) -> Strea
             last, ended = await _recover_segment(ns, last)
             put.append(last)
             took_over = True
-            if ended:
-                await md.commit(sm, put=put, ended=True)
+            if ended:  # its writer ended it but died before recording so: record it
+                with contextlib.suppress(MetadataVersionError):  # (or someone else did)
+                    await md.commit(sm, put=put, ended=True)
                 raise EndOfStreamError(f"stream {ns.name}/{name} was ended")
         last_txid = max([sm.last_txid, *(s.last_txid for s in segs), *(s.last_txid for s in put)])
         start_sequence = last.start_sequence + last.records if last is not None else 0
