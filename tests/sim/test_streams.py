@@ -54,6 +54,9 @@ STREAM = "orders/eu"
 SHAPES = [(3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (2, 2, 1)]
 """Ledger shapes (E, Qw, Qa) of the randomized runs, on 5 bookies."""
 SEEDS = [int(s) for s in os.environ.get("STREAM_SIM_SEEDS", "1,2,3").split(",")]
+TAIL_SEEDS_THAT_FOUND_BUGS = [377]
+"""Run by the tailing test whatever the seeds: 377, a reader with a stale ensemble
+(test_tailing_reader_follows_an_ensemble_change_it_did_not_see)."""
 
 
 # --------------------------------------------------------------------------- harness
@@ -525,7 +528,7 @@ def test_rolls_and_takeovers_with_crashes_and_partitions(seed: int) -> None:
     run_seeded(seed, body)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", SEEDS + [s for s in TAIL_SEEDS_THAT_FOUND_BUGS if s not in SEEDS])
 def test_tailing_reader_during_takeovers_and_rolls(seed: int) -> None:
     """A reader tailing from EARLIEST all along sees each acknowledged record once, in
     order: exactly what a fresh reader sees at the end."""
@@ -1095,3 +1098,45 @@ def test_reader_at_latest_sees_only_later_records_across_a_takeover() -> None:
         await c.stop()
 
     run_seeded(61, body)
+
+
+def test_tailing_reader_follows_an_ensemble_change_it_did_not_see() -> None:
+    """The reader opened the open segment's ledger before the writer's first entry;
+    the writer then replaced a bookie (b) of that first fragment (no entry had
+    completed, so the fragment starting at 0 is rewritten in place).  The reader's
+    view still names b: for entries whose write set is (b, c) in its view, b
+    answers NO_ENTRY and c is cut off from the reader for a while.  The records are
+    durable (on the replacement and on c): the reader must deliver them, not fail.
+    (Found by the randomized tailing run with seed 377.)"""
+    async def body() -> None:
+        c, _ = await new_cluster(71, ensemble_size=3, write_quorum=2, ack_quorum=2)
+        book = Book()
+        rns = await namespace_of(c, "tail")
+        reader = await rns.open_reader(STREAM, Position.EARLIEST)
+        wns = await namespace_of(c, "w")
+        w = await wns.open_writer(STREAM)
+        await asyncio.sleep(2)  # the reader has opened segment 1's ledger and polls it
+        lid = (await wns.stream_info(STREAM)).segments[-1].ledger_id
+        a, b, cc = (await wns.bk.ledger_metadata(lid)).ensembles[0][1]
+        await c.bookie(b).crash(torn=False)
+        futs = [(t, w.write_nowait(data_for(t), txid=t))
+                for t in (next(book.txids) for _ in range(3))]
+        for t, f in futs:
+            book.acked[t] = await f
+        md = await wns.bk.ledger_metadata(lid)
+        assert len(md.ensembles) == 1 and b not in md.ensembles[0][1], md.ensembles
+        await c.bookie(b).restart()
+        c.net.partition("tail", cc)  # the reader's reads to c hang (and time out)
+        for t in (next(book.txids) for _ in range(6)):
+            book.acked[t] = await w.write(data_for(t), txid=t)
+        await asyncio.sleep(3)
+        c.net.heal("tail", cc)
+        got = [await asyncio.wait_for(reader.read_next(), 30) for _ in range(len(book.acked))]
+        assert [r.txid for r in got] == sorted(book.acked)
+        await reader.close()
+        await w.close()
+        records, info = await read_back(c)
+        check_stream(records, info, book)
+        await c.stop()
+
+    run_seeded(71, body)
