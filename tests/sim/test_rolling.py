@@ -170,3 +170,27 @@ def test_quarantine_lifted_when_the_bookie_registers_anew() -> None:
         await c.stop()
 
     run_sim(body)
+
+
+def test_reader_with_stale_fragments_finds_entries_on_the_replacement() -> None:
+    """A reader of an open ledger opened before the writer replaced a bookie reads
+    the later entries from the replacement (it re-reads the metadata), not a
+    BookieUnavailableError from the replaced bookie."""
+    async def body() -> None:
+        c = SimCluster(9, 2)
+        await c.start()
+        bk = c.client("writer", config())
+        lh = await bk.create_ledger(1, 1, 1, password=PW)
+        assert await asyncio.gather(*(lh.append(b"a%d" % i) for i in range(5))) == list(range(5))
+        rh = await c.client("reader", config()).open_ledger(lh.id, password=PW, recovery=False)
+        victim = c.bookie(lh.metadata.ensembles[0][1][0])
+        await victim.crash(torn=False)
+        assert await asyncio.gather(*(lh.append(b"b%d" % i) for i in range(5))) == \
+            list(range(5, 10))
+        assert len(lh.metadata.ensembles) == 2 and len(rh.metadata.ensembles) == 1
+        got = await rh.read_unconfirmed(5, 9)
+        assert [e.data for e in got] == [b"b%d" % i for i in range(5)]
+        assert len(rh.metadata.ensembles) == 2
+        await c.stop()
+
+    run_sim(body)

@@ -129,6 +129,10 @@ def status_error(status: int, what: str) -> BKError:
 class ReadHandle:
     """A handle to read a ledger (and to follow it while it is written)."""
 
+    _follows_metadata = True
+    """Whether reads may re-read the ledger's metadata when it may be stale (a reader;
+    a writer's own metadata is always current)."""
+
     def __init__(self, bk: BookKeeper, metadata: LedgerMetadata, password: bytes) -> None:
         self._bk = bk
         self._metadata = metadata
@@ -168,7 +172,19 @@ class ReadHandle:
         if first < 0 or last < first:
             raise ValueError(f"bad entry range {first}..{last}")
         started = asyncio.get_running_loop().time()
-        out = await self._read_range(first, last)
+        try:
+            out = await self._read_range(first, last)
+        except (BookieUnavailableError, NoSuchEntryError):
+            # A reader of an open ledger may hold fragments from before the writer
+            # replaced a bookie: the entries are on the replacement.  Re-read the
+            # metadata and, if the fragments changed, read again.
+            if not self._follows_metadata or self._metadata.is_closed:
+                raise
+            before = self._metadata.ensembles
+            await self._refresh_metadata()
+            if self._metadata.ensembles == before:
+                raise
+            out = await self._read_range(first, last)
         stats = self._bk.stats
         stats.read_latency.observe(asyncio.get_running_loop().time() - started)
         stats.read_entries += len(out)
@@ -442,6 +458,8 @@ class LedgerHandle(ReadHandle):
     With ``recovery=True`` it is the recovery's writer: it re-writes recovered
     entries with the RECOVERY_ADD flag into an IN_RECOVERY ledger and closes it.
     """
+
+    _follows_metadata = False
 
     def __init__(self, bk: BookKeeper, metadata: LedgerMetadata, password: bytes, *,
                  recovery: bool = False, lac: int = -1, length: int = 0) -> None:
