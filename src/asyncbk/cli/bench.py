@@ -650,9 +650,7 @@ def versions() -> dict[str, str]:
 
 def _result(args: argparse.Namespace, rec: Recorder, cpu_percent: dict[str, float],
             rss_mb: dict[str, Any]) -> dict[str, Any]:
-    h = rec.histogram
     eps = rec.count / rec.elapsed
-    percentiles = PERCENTILES
     workload = args.workload if args.workload == "write" else f"read-{args.mode}"
     config_keys = ["entries", "inflight", "entry_size", "ensemble", "write_quorum",
                    "ack_quorum", "digest", "bookies", "warmup", "ledgers", "clients", "rate",
@@ -661,12 +659,22 @@ def _result(args: argparse.Namespace, rec: Recorder, cpu_percent: dict[str, floa
         config_keys += ["mode", "batch"]
     return {
         "workload": workload,
-        "loop": "open" if args.rate else "closed",
         "entries_done": rec.count,
         "throughput_eps": eps,
         "throughput_mbps": eps * args.entry_size / 1e6,
+        **measured(args, rec, cpu_percent, rss_mb, config_keys),
+    }
+
+
+def measured(args: argparse.Namespace, rec: Recorder, cpu_percent: dict[str, float],
+             rss_mb: dict[str, Any], config_keys: list[str]) -> dict[str, Any]:
+    """The parts of a result every workload has: loop kind, latency, timeline, CPU,
+    bookie memory, duration, settings and versions."""
+    h = rec.histogram
+    return {
+        "loop": "open" if args.rate else "closed",
         "latency_us": latency_json(h),
-        "latency_distribution_us": {str(p): h.get_value_at_percentile(p) for p in percentiles},
+        "latency_distribution_us": {str(p): h.get_value_at_percentile(p) for p in PERCENTILES},
         "timeline": {"interval_s": TIMELINE_INTERVAL_S, "completed": rec.timeline},
         "cpu_percent": {k: round(v, 1) for k, v in cpu_percent.items()},
         "bookie_rss_mb": rss_mb,

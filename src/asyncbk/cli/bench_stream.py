@@ -35,15 +35,13 @@ from typing import Any
 
 from ..errors import BKError
 from .bench import (
-    PERCENTILES,
-    TIMELINE_INTERVAL_S,
     Progress,
     Recorder,
     _self_cpu_s,
     bench_cluster,
     latency_json,
+    measured,
     save,
-    versions,
 )
 from .main import CliError
 
@@ -276,26 +274,17 @@ async def run_stream_bench(args: argparse.Namespace) -> int:
 def _result(args: argparse.Namespace, rec: Recorder, ack: Recorder,
             cpu_percent: dict[str, float], rss_mb: dict[str, Any],
             facts: dict[str, Any]) -> dict[str, Any]:
-    h = rec.histogram
     rps = rec.count / rec.elapsed
     config_keys = ["mode", "records", "record_size", "inflight", "rate", "burst", "ensemble",
                    "write_quorum", "ack_quorum", "digest", "rolling_mb", "bookies", "warmup",
                    "duration"]
     result: dict[str, Any] = {
         "workload": f"stream-{args.mode}",
-        "loop": "open" if args.rate else "closed",
         "records_done": rec.count,
         "throughput_rps": rps,
         "throughput_mbps": rps * args.record_size / 1e6,
-        "latency_us": latency_json(h),
-        "latency_distribution_us": {str(p): h.get_value_at_percentile(p) for p in PERCENTILES},
-        "timeline": {"interval_s": TIMELINE_INTERVAL_S, "completed": rec.timeline},
-        "cpu_percent": {k: round(v, 1) for k, v in cpu_percent.items()},
-        "bookie_rss_mb": rss_mb,
-        "elapsed_s": rec.elapsed,
         **facts,
-        "config": {k: getattr(args, k, None) for k in config_keys},
-        "versions": versions(),
+        **measured(args, rec, cpu_percent, rss_mb, config_keys),
     }
     if args.mode == "tail":
         result["ack_latency_us"] = latency_json(ack.histogram)

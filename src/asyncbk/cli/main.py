@@ -121,6 +121,18 @@ class _DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+def _add_bench_output_options(p: argparse.ArgumentParser) -> None:
+    """The options every bench workload shares: which cluster, and where results go."""
+    p.add_argument("--metadata-uri",
+                   help="run against this cluster (default: start a local cluster of "
+                   "--bookies bookies on free ports, stopped afterwards)")
+    p.add_argument("--json", metavar="FILE",
+                   help="write the results as JSON to this file (default: no file)")
+    p.add_argument("--plot", metavar="PNG",
+                   help="draw latency distribution and throughput to this PNG, needs "
+                   "matplotlib (default: no plot)")
+
+
 def _add_bench_options(p: argparse.ArgumentParser, default_quorum: int) -> None:
     p.add_argument("--entries", type=_positive_int, default=10_000,
                    help="entries to write or read")
@@ -151,14 +163,7 @@ def _add_bench_options(p: argparse.ArgumentParser, default_quorum: int) -> None:
                    help="bookies of the local cluster (without --metadata-uri)")
     p.add_argument("--warmup", type=int, default=1000, metavar="ENTRIES",
                    help="entries appended before measuring writes")
-    p.add_argument("--metadata-uri",
-                   help="run against this cluster (default: start a local cluster of "
-                   "--bookies bookies on free ports, stopped afterwards)")
-    p.add_argument("--json", metavar="FILE",
-                   help="write the results as JSON to this file (default: no file)")
-    p.add_argument("--plot", metavar="PNG",
-                   help="draw latency distribution and throughput to this PNG, needs "
-                   "matplotlib (default: no plot)")
+    _add_bench_output_options(p)
     # set by a --clients parent for its client processes
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     p.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
@@ -203,14 +208,7 @@ def _add_bench_stream_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", action="store_true",
                    help="keep the benchmark's namespace and stream afterwards (default: "
                    "deleted)")
-    p.add_argument("--metadata-uri",
-                   help="run against this cluster (default: start a local cluster of "
-                   "--bookies bookies on free ports, stopped afterwards)")
-    p.add_argument("--json", metavar="FILE",
-                   help="write the results as JSON to this file (default: no file)")
-    p.add_argument("--plot", metavar="PNG",
-                   help="draw latency distribution and throughput to this PNG, needs "
-                   "matplotlib (default: no plot)")
+    _add_bench_output_options(p)
     _add_log_options(p)
 
 
