@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 COMMANDS = ["namespaces", "create-namespace", "delete-namespace", "list", "create", "info",
-            "delete", "truncate", "write", "tail"]
+            "retention", "delete", "truncate", "write", "tail"]
 
 
 def _env() -> dict[str, str]:
@@ -475,3 +475,24 @@ async def test_bench_stream_write_and_tail(cluster: LocalCluster, tmp_path: Path
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bk = await cluster.client()  # the benchmark's namespace is gone
     assert [n async for n in bk.list_namespaces()] == []
+
+
+async def test_retention_command_drops_expired_segments_of_idle_streams(
+        cluster: LocalCluster) -> None:
+    """No writer writes the stream any more: `stream retention` drops what has expired
+    (every completed segment but the last), for one stream or a whole namespace."""
+    st = Stream(cluster.metadata_uri)
+    # (long enough that the writers' own retention, at each open, drops nothing here)
+    await st("create-namespace", "old", "--retention-s", "6")
+    for name in ("a", "b"):
+        await st("create", "old", name)
+        for i in range(3):  # each run opens a new writer: a new segment each time
+            await st("write", "old", name, stdin=b"r%d\n" % i)
+    await asyncio.sleep(6.5)
+    r = await st("retention", "old", "a")
+    assert r.stdout.splitlines() == ["old/a: dropped 2 segment(s)"]
+    r = await st("retention", "old")
+    assert r.stdout.splitlines() == ["old/a: dropped 0 segment(s)",
+                                     "old/b: dropped 2 segment(s)"]
+    tail = await st("tail", "old", "a", "--no-follow")
+    assert [line.split()[-1] for line in tail.stdout.splitlines()] == ["r2"]

@@ -214,6 +214,13 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
     p.add_argument("--before", type=_position, required=True, metavar="POSITION",
                    help="required: SEGMENT:ENTRY:SLOT, as tail and info print it")
 
+    p = command("retention", "drop segments older than their stream's retention_s",
+                "Apply retention now: drop the completed segments (and their ledgers) "
+                "completed longer ago than the stream's retention_s, in STREAM or in every "
+                "stream of the namespace. Writers do this when they open and roll; run "
+                "this (e.g. from cron) for streams that no writer writes any more.")
+    p.add_argument("namespace", help="the namespace")
+    p.add_argument("stream", nargs="?", help="one stream (default: every stream of it)")
     p = command("write", "write stdin to a stream, one record per line",
                 "Write each line of stdin as one record (without its newline; an empty "
                 "line is an empty record), pipelined: many records are in flight and "
@@ -709,6 +716,11 @@ async def _run(args: argparse.Namespace) -> int:
                                + ")?", f"not deleting stream {ns.name}/{args.stream}")
             await ns.delete_stream(args.stream)
             print(f"deleted stream {ns.name}/{args.stream}")
+        elif cmd == "retention":
+            names = [args.stream] if args.stream else [n async for n in ns.list_streams()]
+            for name in names:
+                dropped = await ns.apply_retention(name)
+                print(f"{ns.name}/{name}: dropped {dropped} segment(s)")
         elif cmd == "truncate":
             dropped = await ns.truncate(args.stream, args.before)
             info = await ns.stream_info(args.stream)
@@ -743,7 +755,7 @@ def run_stream(args: argparse.Namespace, run: Callable[..., int],
         raise _cli_error("choose a command: asyncbk stream --help")
     if hasattr(args, "namespace"):  # bad names fail before anything is contacted
         check_namespace_name(args.namespace)
-    if hasattr(args, "stream"):
+    if getattr(args, "stream", None) is not None:  # (retention's is optional)
         check_stream_name(args.stream)
     if args.stream_command == "truncate" and args.before.is_marker():
         raise _cli_error("--before needs a position SEGMENT:ENTRY:SLOT (as tail and info "
