@@ -239,6 +239,7 @@ class StreamWriter:
         """Flush, close the segment's ledger and complete the segment.  Idempotent."""
         if self._close_task is None:
             self._close_task = self._loop.create_task(self._close(end=False))
+            self._close_task.add_done_callback(_consume)  # (if every waiter is cancelled)
         await asyncio.shield(self._close_task)
 
     async def mark_end_of_stream(self) -> int:
@@ -247,6 +248,7 @@ class StreamWriter:
         txid."""
         self._check_writable()
         self._close_task = self._loop.create_task(self._close(end=True))
+        self._close_task.add_done_callback(_consume)
         await asyncio.shield(self._close_task)
         return self._last_txid
 
