@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pty
 import signal
 import socket
 import subprocess
@@ -18,21 +17,16 @@ from asyncbk.cli.main import build_parser
 from asyncbk.errors import NoSuchLedgerError
 from asyncbk.testing.cluster import LocalCluster, free_port
 
+from .clitools import cli_env, run_with_terminal
+
 pytestmark = pytest.mark.integration
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
-    return env
 
 
 def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None,
             stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "asyncbk", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env or _env(), stdin=stdin)
+                          text=True, timeout=timeout, env=env or cli_env(), stdin=stdin)
 
 
 def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
@@ -109,7 +103,7 @@ async def test_standalone_runs_and_stops_cleanly(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "asyncbk", "standalone", "--bookies", "2",
         "--data-dir", str(tmp_path / "data"), "--etcd-port", str(free_port()),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env())
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=cli_env())
     assert proc.stdout is not None
     uri = None
     try:
@@ -380,21 +374,6 @@ async def test_shell_on_a_wrong_root_says_there_is_no_cluster(cluster: LocalClus
         assert r.returncode == 0 and r.stdout.split() == [str(lh.id)], r.stderr
 
 
-def _run_with_terminal(args: list[str], typed: str) -> subprocess.CompletedProcess[str]:
-    """Run the CLI with a terminal as stdin, on which ``typed`` is typed."""
-    primary, secondary = pty.openpty()
-    try:
-        with subprocess.Popen([sys.executable, "-m", "asyncbk", *args], stdin=secondary,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env()) as p:
-            os.write(primary, typed.encode())
-            out, err = p.communicate(timeout=60)
-        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
-    finally:
-        os.close(primary)
-        os.close(secondary)
-
-
 async def test_shell_custom_metadata_and_deleteledger(cluster: LocalCluster) -> None:
     bk = await cluster.client()
     lh = await bk.create_ledger(3, 2, 2, metadata={"app": b"demo", "blob": b"\xff\x00"})
@@ -408,11 +387,11 @@ async def test_shell_custom_metadata_and_deleteledger(cluster: LocalCluster) -> 
     delete = ["shell", "deleteledger", "--metadata-uri", uri, str(lh.id)]
     line = one_line_error(await asyncio.to_thread(run_cli, *delete))  # stdin not a terminal
     assert "not deleting ledger" in line and "--force" in line
-    r = await asyncio.to_thread(_run_with_terminal, delete, "no\n")
+    r = await asyncio.to_thread(run_with_terminal, delete, "no\n")
     assert r.returncode == 1 and f"ledger {lh.id} not deleted" in r.stderr, r.stderr
     assert "Type yes" in r.stdout and '"app": "demo"' in r.stdout
     assert (await bk.ledger_metadata(lh.id)).ledger_id == lh.id  # still there
-    r = await asyncio.to_thread(_run_with_terminal, delete, "yes\n")
+    r = await asyncio.to_thread(run_with_terminal, delete, "yes\n")
     assert r.returncode == 0 and f"deleted ledger {lh.id}" in r.stdout, r.stderr
     with pytest.raises(NoSuchLedgerError):
         await bk.ledger_metadata(lh.id)
@@ -447,7 +426,7 @@ def _without(tmp_path: Path, *packages: str) -> dict[str, str]:
     for name in packages:
         (shadow / name).mkdir(parents=True)
         (shadow / name / "__init__.py").write_text(f"raise ImportError('no {name} here')\n")
-    env = _env()
+    env = cli_env()
     env["PYTHONPATH"] = os.pathsep.join([str(shadow), env["PYTHONPATH"]])
     return env
 
@@ -469,7 +448,7 @@ def test_bench_checks_its_extra_before_starting_a_cluster(
 def test_bench_help_shows_every_default(workload: str) -> None:
     r = subprocess.run([sys.executable, "-m", "asyncbk", "bench", workload, "--help"],
                        capture_output=True, text=True, timeout=60,
-                       env={**_env(), "COLUMNS": "400"})
+                       env={**cli_env(), "COLUMNS": "400"})
     assert r.returncode == 0
     options = r.stdout.split("\noptions:\n", 1)[1]
     entries: list[str] = []

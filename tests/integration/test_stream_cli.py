@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import pty
 import signal
 import subprocess
 import sys
@@ -20,17 +18,12 @@ from asyncbk.errors import NoSuchStreamError
 from asyncbk.stream import Position
 from asyncbk.testing.cluster import LocalCluster
 
+from .clitools import cli_env, run_with_terminal
+
 pytestmark = pytest.mark.integration
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 COMMANDS = ["namespaces", "create-namespace", "delete-namespace", "list", "create", "info",
             "retention", "delete", "truncate", "write", "tail"]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
-    return env
 
 
 def cli(*args: str, stdin: bytes | None = None, timeout: float = 60,
@@ -38,7 +31,7 @@ def cli(*args: str, stdin: bytes | None = None, timeout: float = 60,
     """Run ``asyncbk ARGS`` with ``stdin`` (nothing: /dev/null)."""
     r = subprocess.run([sys.executable, "-m", "asyncbk", *args], input=stdin,
                        stdin=None if stdin is not None else subprocess.DEVNULL,
-                       capture_output=True, timeout=timeout, env=env or _env())
+                       capture_output=True, timeout=timeout, env=env or cli_env())
     return subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(),
                                        r.stderr.decode())
 
@@ -73,7 +66,7 @@ class Stream:
 def test_help_everywhere_with_defaults(command: list[str]) -> None:
     r = subprocess.run([sys.executable, "-m", "asyncbk", "stream", *command, "--help"],
                        capture_output=True, text=True, timeout=60,
-                       env={**_env(), "COLUMNS": "400"})
+                       env={**cli_env(), "COLUMNS": "400"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("usage: asyncbk stream " + " ".join(command))
     if not command:
@@ -125,7 +118,7 @@ def test_unreachable_etcd_is_one_line() -> None:
 def test_bench_stream_help_shows_every_default() -> None:
     r = subprocess.run([sys.executable, "-m", "asyncbk", "bench", "stream", "--help"],
                        capture_output=True, text=True, timeout=60,
-                       env={**_env(), "COLUMNS": "400"})
+                       env={**cli_env(), "COLUMNS": "400"})
     assert r.returncode == 0, r.stderr
     options = r.stdout.split("\noptions:\n", 1)[1]
     entries: list[str] = []
@@ -336,7 +329,7 @@ async def test_tail_follows_new_records_until_ctrl_c(cluster: LocalCluster) -> N
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "asyncbk", "stream", "tail", "ns", "s", "--json", "--from",
         "latest", "--metadata-uri", cluster.metadata_uri, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, env=_env())
+        stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, env=cli_env())
     assert proc.stdout is not None
     try:
         # write a record at a time until the tail (started at the end) shows one
@@ -382,7 +375,7 @@ async def test_write_stops_cleanly_on_ctrl_c(cluster: LocalCluster) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "asyncbk", "stream", "write", "ns", "s", "--metadata-uri",
         cluster.metadata_uri, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=_env())
+        stderr=asyncio.subprocess.PIPE, env=cli_env())
     assert proc.stdin is not None
     try:
         proc.stdin.write(b"a\nb\n")
@@ -408,29 +401,15 @@ async def test_write_stops_cleanly_on_ctrl_c(cluster: LocalCluster) -> None:
         assert [rec.data for rec in await r.read_batch(10, 5)] == [b"a", b"b"]
 
 
-def _with_terminal(args: list[str], typed: str) -> subprocess.CompletedProcess[str]:
-    primary, secondary = pty.openpty()
-    try:
-        with subprocess.Popen([sys.executable, "-m", "asyncbk", *args], stdin=secondary,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env()) as p:
-            os.write(primary, typed.encode())
-            out, err = p.communicate(timeout=60)
-        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
-    finally:
-        os.close(primary)
-        os.close(secondary)
-
-
 async def test_delete_asks_on_a_terminal(cluster: LocalCluster) -> None:
     st = Stream(cluster.metadata_uri)
     await st("create-namespace", "ns")
     await st("write", "ns", "s", "--create", stdin=b"x\ny\n")
     delete = ["stream", "delete", "ns", "s", "--metadata-uri", cluster.metadata_uri]
-    r = await asyncio.to_thread(_with_terminal, delete, "no\n")
+    r = await asyncio.to_thread(run_with_terminal, delete, "no\n")
     assert r.returncode == 1 and "not deleting stream ns/s: not confirmed" in r.stderr
     assert "(1 segment(s), 2 records)" in r.stdout and "Type yes" in r.stdout
-    r = await asyncio.to_thread(_with_terminal, delete, "yes\n")
+    r = await asyncio.to_thread(run_with_terminal, delete, "yes\n")
     assert r.returncode == 0 and "deleted stream ns/s" in r.stdout, r.stderr
     bk = await cluster.client()
     ns = await bk.namespace("ns")

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from .._version import __version__
 from ..errors import BKError, ConfigError
+from . import argtypes
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
@@ -28,19 +29,14 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit code 1."""
 
 
+_positive_int = argtypes.positive_int
+_positive_float = argtypes.positive_float
+_non_negative_float = argtypes.non_negative_float
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _port(text: str) -> int:
@@ -60,31 +56,11 @@ def _add_log_options(p: argparse.ArgumentParser) -> None:
                    help="log JSON lines instead of text (default: text)")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def _id_list(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected ids separated by commas, got {text!r}") from None
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
 
 
 def _add_autorecovery_options(p: argparse.ArgumentParser) -> None:

@@ -55,6 +55,7 @@ from ..stream.meta import (
     config_from,
 )
 from ..stream.position import Position
+from . import argtypes
 
 STDIN_CHUNK_BYTES = 1 << 20
 """How much of stdin ``write`` reads at once."""
@@ -89,32 +90,9 @@ def _size(text: str) -> int:
     return value
 
 
-def _count(text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    return _count(text, 1)
-
-
-def _non_negative(text: str) -> int:
-    return _count(text, 0)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+_positive = argtypes.positive_int
+_non_negative = argtypes.non_negative_int
+_seconds = argtypes.non_negative_float
 
 
 def _position(text: str) -> Position:
