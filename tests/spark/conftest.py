@@ -1,0 +1,121 @@
+"""Fixtures of the Spark tests: one SparkSession (``local[2]``) and one LocalCluster
+for the whole session, both stopped at its end.
+
+The tests are plain functions (Spark's calls block); the cluster lives on an event
+loop in a thread of its own, and ``spark_cluster.run(coro)`` runs a coroutine
+there (to write records, read them back, kill a bookie).  Each test works in a
+namespace of its own (the ``ns`` fixture).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import threading
+import uuid
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the spark extra is not installed: pip install -e '.[test]'")
+if shutil.which("java") is None:  # said once, plainly, rather than as a Py4J traceback
+    pytest.exit("the Spark tests need Java 17 or newer: no `java` on PATH", returncode=3)
+
+import uvloop  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+
+from asyncbk.stream.client import BookKeeper  # noqa: E402
+from asyncbk.testing import LocalCluster  # noqa: E402
+
+T = TypeVar("T")
+RUN_TIMEOUT_S = 120.0
+
+pytestmark = pytest.mark.spark
+
+
+class ClusterThread:
+    """A LocalCluster (3 bookies) on an event loop in its own thread."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="spark-cluster",
+                                       daemon=True)
+        self.cluster: LocalCluster | None = None
+        self.bk: BookKeeper | None = None
+
+    def start(self) -> None:
+        self.thread.start()
+        self.cluster = LocalCluster(bookies=3, data_dir=self.data_dir)
+        self.run(self.cluster.start())
+        self.bk = self.run(self.cluster.client())
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = RUN_TIMEOUT_S) -> T:
+        """Run ``coro`` on the cluster's loop and return its result."""
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return fut.result(timeout_s)
+
+    @property
+    def metadata_uri(self) -> str:
+        assert self.cluster is not None
+        return self.cluster.metadata_uri
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.run(self.cluster.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+        self.loop.close()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterThread]:
+    ct = ClusterThread(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        ct.start()
+        yield ct
+    finally:
+        ct.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """One SparkSession for every Spark test: local[2], 1 GiB driver, no UI, loopback."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    local_dir = tmp_path_factory.mktemp("spark-local")
+    session = (SparkSession.builder.master("local[2]")
+               .appName("asyncbk-tests")
+               .config("spark.driver.memory", "1g")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.local.dir", str(local_dir))
+               .config("spark.sql.streaming.stopTimeout", "30s")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    from asyncbk.spark import AsyncbkDataSource
+
+    session.dataSource.register(AsyncbkDataSource)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def ns(spark_cluster: ClusterThread) -> str:
+    """A namespace of this test's own (created; E3 Qw2 Qa2)."""
+    name = f"t{uuid.uuid4().hex[:10]}"
+    bk = spark_cluster.bk
+    assert bk is not None
+    spark_cluster.run(bk.namespace(name, create=True, ensemble_size=3, write_quorum=2,
+                                   ack_quorum=2))
+    return name
