@@ -24,6 +24,11 @@ Every key lives under the root prefix of the metadata URI
     <root>/streams/seg/<namespace>/<stream>/<segment:020d>
                                        one segment of a stream (msgpack map; see
                                        asyncbk.stream.meta); a range lists them in order
+    <root>/streams/sink/<namespace>/<stream>/<sink id>
+                                       the last batch a Spark sink committed to the stream
+    <root>/streams/staging/<namespace>/<stream>/<ledger id>
+                                       a ledger a Spark task wrote for the stream, not
+                                       (yet) adopted as a segment
 
 Stream names may hold any character but control characters; in keys they are
 percent-encoded (``/`` too), so a stream key has no ``/`` of its own and a name's
@@ -156,6 +161,24 @@ def segments_prefix(root: str, namespace: str, name: str) -> str:
 
 def segment(root: str, namespace: str, name: str, seq: int) -> str:
     return f"{segments_prefix(root, namespace, name)}{seq:0{SEGMENT_DIGITS}d}"
+
+
+def sinks_prefix(root: str, namespace: str, name: str) -> str:
+    """The exactly-once markers of the Spark sinks writing a stream."""
+    return f"{root}/streams/sink/{_quote(namespace)}/{_quote(name)}/"
+
+
+def sink(root: str, namespace: str, name: str, sink_id: str) -> str:
+    return f"{sinks_prefix(root, namespace, name)}{_quote(sink_id)}"
+
+
+def staging_prefix(root: str, namespace: str, name: str) -> str:
+    """Ledgers written for a stream by Spark tasks, not (yet) part of it."""
+    return f"{root}/streams/staging/{_quote(namespace)}/{_quote(name)}/"
+
+
+def staging(root: str, namespace: str, name: str, ledger_id: int) -> str:
+    return f"{staging_prefix(root, namespace, name)}{ledger_id:0{LEDGER_ID_DIGITS}d}"
 
 
 def all_segments_prefix(root: str, namespace: str) -> str:

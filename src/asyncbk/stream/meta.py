@@ -326,11 +326,15 @@ class StreamMetadata:
 
     async def commit(self, sm: StreamMeta, *, put: Sequence[Segment] = (),
                      drop: Sequence[Segment] = (), ended: bool | None = None,
-                     epoch: int | None = None) -> tuple[StreamMeta, list[Segment]]:
+                     epoch: int | None = None,
+                     also_compare: Sequence[tuple[str, int]] = (),
+                     also_put: Sequence[tuple[str, bytes]] = (),
+                     also_delete: Sequence[str] = ()) -> tuple[StreamMeta, list[Segment]]:
         """One transaction: write ``put`` (new segments: version 0; changed ones: the
         version read) and remove ``drop``, if the stream record and each of them are
         still at the versions read.  Returns the new stream record and ``put`` with
-        their new version.  MetadataVersionError if anything changed meanwhile."""
+        their new version.  MetadataVersionError if anything changed meanwhile.
+        ``also_*``: more keys to compare, write and remove in the same transaction."""
         ns, name = sm.namespace, sm.name
         skey = keys.stream(self.root, ns, name)
         max_seq = max([sm.max_seq, *(s.seq for s in put)])
@@ -342,10 +346,11 @@ class StreamMetadata:
         compare += [(keys.segment(self.root, ns, name, s.seq), s.version) for s in put]
         compare += [(keys.segment(self.root, ns, name, s.seq), s.version) for s in drop]
         revision = await self.meta.kv_txn(
-            compare,
+            [*compare, *also_compare],
             put=[(skey, new_sm.to_bytes())]
-            + [(keys.segment(self.root, ns, name, s.seq), s.to_bytes()) for s in put],
-            delete=[keys.segment(self.root, ns, name, s.seq) for s in drop])
+            + [(keys.segment(self.root, ns, name, s.seq), s.to_bytes()) for s in put]
+            + list(also_put),
+            delete=[keys.segment(self.root, ns, name, s.seq) for s in drop] + list(also_delete))
         return (dataclasses.replace(new_sm, version=revision),
                 [dataclasses.replace(s, version=revision) for s in put])
 
@@ -355,4 +360,5 @@ class StreamMetadata:
         await self.meta.kv_txn(
             [(keys.stream(self.root, sm.namespace, sm.name), sm.version)],
             delete=[keys.stream(self.root, sm.namespace, sm.name)],
-            delete_prefix=[keys.segments_prefix(self.root, sm.namespace, sm.name)])
+            delete_prefix=[keys.segments_prefix(self.root, sm.namespace, sm.name),
+                           keys.sinks_prefix(self.root, sm.namespace, sm.name)])

@@ -125,6 +125,9 @@ class Namespace:
                         await self._fence(seg)
         for seg in segs:
             await self._delete_ledger(seg.ledger_id)
+        from .adopt import sweep  # ledgers staged for it by Spark tasks
+
+        await sweep(self, name)
         self._log.info("stream deleted", stream=name, segments=len(segs))
 
     async def _fence(self, seg: Segment) -> None:

@@ -1,0 +1,270 @@
+"""Planning reads of streams: record numbers, positions, slices, admission control.
+
+Every record of a stream has a **sequence number**: the records before it in the
+stream since it began (a segment records its first record's number,
+``start_sequence``, and each entry the records before it in its segment,
+``records_before``).  Positions and sequence numbers convert both ways
+(:meth:`StreamIndex.sequence_of`, :meth:`StreamIndex.position_of`) from the
+segment list and a few entry headers, found by binary search.  Both depend only
+on entries at or below a ledger's LAC, which never change, so every plan made
+from the same offsets is the same plan: a batch that Spark replays reads the very
+records it read the first time.
+
+A range ``[start, end)`` of a stream is cut into **slices**, runs of entries of one
+segment, grouped into partitions of at most ``max_records`` records each (a huge
+segment spreads over many partitions, many tiny segments share one).
+
+No pyspark here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..client.ledger import ReadHandle
+from ..errors import NoSuchLedgerError, TruncatedError
+from ..stream import codec
+from ..stream.meta import Segment
+from ..stream.namespace import Namespace
+from ..stream.position import Position
+from ..stream.reader import resolve_start
+
+HEADER_CACHE_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Entries ``first_entry..last_entry`` of one segment's ledger; records of the first
+    entry from ``first_slot`` on, of the last entry below ``end_slot`` (None: all)."""
+
+    segment: int
+    ledger_id: int
+    first_entry: int
+    first_slot: int
+    last_entry: int
+    end_slot: int | None
+
+    def keeps(self, entry: int, slot: int) -> bool:
+        if entry == self.first_entry and slot < self.first_slot:
+            return False
+        return not (entry == self.last_entry and self.end_slot is not None
+                    and slot >= self.end_slot)
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """The records of one stream in one input partition: its slices in order."""
+
+    stream: str
+    start: str
+    end: str
+    records: int
+    slices: tuple[Slice, ...]
+
+
+class StreamIndex:
+    """Positions and sequence numbers of one stream, from one read of its segment list
+    (make a new index to see later segments)."""
+
+    def __init__(self, ns: Namespace, stream: str, segments: list[Segment]) -> None:
+        self.ns = ns
+        self.bk = ns.bk
+        self.stream = stream
+        self.segments = segments
+        self._handles: dict[int, ReadHandle] = {}
+        self._headers: dict[tuple[int, int], tuple[int, int]] = {}
+        self._ends: dict[int, tuple[int, int]] = {}
+
+    @classmethod
+    async def load(cls, ns: Namespace, stream: str) -> StreamIndex:
+        return cls(ns, stream, await ns.md.segments(ns.name, stream))
+
+    # ---------------------------------------------------------------- entries
+
+    async def _handle(self, seg: Segment) -> ReadHandle:
+        rh = self._handles.get(seg.ledger_id)
+        if rh is None:
+            try:
+                rh = await self.bk.open_ledger(seg.ledger_id, recovery=False)
+            except NoSuchLedgerError:
+                raise TruncatedError(
+                    f"stream {self.ns.name}/{self.stream}: segment {seg.seq} (ledger "
+                    f"{seg.ledger_id}) is gone: truncated or deleted") from None
+            self._handles[seg.ledger_id] = rh
+        return rh
+
+    async def header(self, seg: Segment, entry: int) -> tuple[int, int]:
+        """``(records_before, count)`` of an entry of ``seg``."""
+        key = (seg.ledger_id, entry)
+        got = self._headers.get(key)
+        if got is None:
+            rh = await self._handle(seg)
+            data = (await rh.read_unconfirmed(entry, entry))[0].data
+            batch = codec.decode(data, f"stream {self.ns.name}/{self.stream} segment "
+                                       f"{seg.seq} entry {entry}")
+            got = (batch.records_before, len(batch.records))
+            if len(self._headers) >= HEADER_CACHE_MAX:
+                self._headers.clear()
+            self._headers[key] = got
+        return got
+
+    async def segment_end(self, seg: Segment) -> tuple[int, int]:
+        """``(last entry, records)`` of ``seg`` as far as it is durable: a completed
+        segment's, else its ledger's (closed: its last entry; open: its LAC)."""
+        if seg.completed:
+            return seg.last_entry, seg.records
+        got = self._ends.get(seg.seq)
+        if got is None:
+            try:
+                rh = await self._handle(seg)
+            except TruncatedError:  # an open segment whose ledger never came to be
+                return -1, 0
+            md = rh.metadata
+            last = md.last_entry_id if md.is_closed else rh.last_add_confirmed
+            if last < 0:
+                got = (-1, 0)
+            else:
+                before, count = await self.header(seg, last)
+                got = (last, before + count)
+            self._ends[seg.seq] = got
+        return got
+
+    # ---------------------------------------------------------------- positions
+
+    @property
+    def first_position(self) -> Position:
+        """Where the stream starts now (for a stream with no segment: where its first will)."""
+        if self.segments:
+            return self.segments[0].first_position
+        return Position(1, 0, 0)
+
+    @property
+    def first_sequence(self) -> int:
+        return self.segments[0].start_sequence if self.segments else 0
+
+    async def end_sequence(self) -> int:
+        if not self.segments:
+            return 0
+        last = self.segments[-1]
+        return last.start_sequence + (await self.segment_end(last))[1]
+
+    async def end_position(self) -> Position:
+        """Just after the last durable record (the next position to read)."""
+        return await resolve_start(self.ns, self.stream, Position.LATEST, None)
+
+    def truncated(self, pos: Position) -> bool:
+        return bool(self.segments) and pos < self.segments[0].first_position
+
+    async def sequence_of(self, pos: Position) -> int:
+        """The sequence number of the record at ``pos`` (of the next record, if none is
+        there yet).  TruncatedError if ``pos`` was truncated."""
+        if self.truncated(pos):
+            raise TruncatedError(
+                f"stream {self.ns.name}/{self.stream}: position {pos} was truncated; the "
+                f"stream now starts at {self.first_position}")
+        seg = next((s for s in self.segments if s.seq >= pos.segment), None)
+        if seg is None:
+            return await self.end_sequence()
+        if seg.seq > pos.segment or (pos.entry == 0 and pos.slot == 0):
+            return seg.start_sequence
+        last_entry, records = await self.segment_end(seg)
+        if pos.entry > last_entry:
+            return seg.start_sequence + records
+        if pos.slot > 0:
+            before, count = await self.header(seg, pos.entry)
+            return seg.start_sequence + before + min(pos.slot, count)
+        before, count = await self.header(seg, pos.entry - 1)
+        return seg.start_sequence + before + count
+
+    async def position_of(self, sequence: int) -> Position:
+        """The position of the record numbered ``sequence`` (the end position if it is not
+        written yet)."""
+        if sequence < self.first_sequence:
+            raise TruncatedError(
+                f"stream {self.ns.name}/{self.stream}: record {sequence} was truncated; the "
+                f"stream now starts at record {self.first_sequence}")
+        for seg in self.segments:
+            last_entry, records = await self.segment_end(seg)
+            if not seg.start_sequence <= sequence < seg.start_sequence + records:
+                continue
+            r = sequence - seg.start_sequence
+            lo, hi = 0, last_entry  # the last entry with records_before <= r
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if (await self.header(seg, mid))[0] <= r:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            before, _ = await self.header(seg, lo)
+            return Position(seg.seq, lo, r - before)
+        return await self.end_position()
+
+    # ---------------------------------------------------------------- slices
+
+    async def slices(self, start: Position, end: Position) -> list[Slice]:
+        """The slices holding the records of ``[start, end)``."""
+        out: list[Slice] = []
+        for seg in self.segments:
+            if seg.seq < start.segment or seg.seq > end.segment:
+                continue
+            last_entry, _ = await self.segment_end(seg)
+            first_entry, first_slot = (start.entry, start.slot) if seg.seq == start.segment \
+                else (0, 0)
+            if seg.seq == end.segment:
+                if end.slot:
+                    stop_entry, end_slot = min(end.entry, last_entry), \
+                        (end.slot if end.entry <= last_entry else None)
+                else:
+                    stop_entry, end_slot = min(end.entry - 1, last_entry), None
+            else:
+                stop_entry, end_slot = last_entry, None
+            if stop_entry < first_entry or (stop_entry == first_entry and end_slot is not None
+                                             and end_slot <= first_slot):
+                continue
+            out.append(Slice(seg.seq, seg.ledger_id, first_entry, first_slot, stop_entry,
+                             end_slot))
+        return out
+
+    async def parts(self, start: Position, end: Position, max_records: int) -> list[Part]:
+        """``[start, end)`` cut into parts of at most ``max_records`` records."""
+        first, stop = await self.sequence_of(start), await self.sequence_of(end)
+        out: list[Part] = []
+        lo_pos, lo = start, first
+        while lo < stop:
+            hi = min(stop, lo + max_records)
+            hi_pos = end if hi == stop else await self.position_of(hi)
+            pieces = await self.slices(lo_pos, hi_pos)
+            if pieces:
+                out.append(Part(self.stream, str(lo_pos), str(hi_pos), hi - lo, tuple(pieces)))
+            lo_pos, lo = hi_pos, hi
+        return out
+
+
+def split_limit(backlogs: dict[str, int], limit: int) -> dict[str, int]:
+    """How many records each stream may add to a batch under ``limit``: shares in
+    proportion to the backlogs (largest remainders), every stream with a backlog
+    getting at least one record (so none starves; the total may then exceed
+    ``limit`` by at most the number of streams), no stream more than its backlog."""
+    waiting = {s: b for s, b in backlogs.items() if b > 0}
+    total = sum(waiting.values())
+    if total <= limit:
+        return dict(waiting)
+    exact = {s: limit * b / total for s, b in waiting.items()}
+    shares = {s: math.floor(x) for s, x in exact.items()}
+    spare = limit - sum(shares.values())
+    for s in sorted(waiting, key=lambda s: (shares[s] - exact[s], s))[:spare]:
+        shares[s] += 1
+    return {s: min(waiting[s], max(1, n)) for s, n in shares.items()}
+
+
+def partition_bound(total: int, max_records: int, min_partitions: int | None) -> int:
+    """Records per partition: at most ``max_records``, and few enough to make at least
+    ``min_partitions`` partitions of ``total`` records."""
+    if min_partitions and total:
+        return max(1, min(max_records, math.ceil(total / min_partitions)))
+    return max_records
+
+
+def canonical(offsets: dict[str, str]) -> dict[str, str]:
+    return {k: offsets[k] for k in sorted(offsets)}

@@ -1,0 +1,114 @@
+"""Running asyncbk's coroutines from Spark's synchronous calls.
+
+Spark calls a data source from plain threads of its Python workers, which it
+reuses from job to job.  Two ways to run a coroutine there:
+
+* :func:`run_once`: a fresh event loop (uvloop) for one call, with a client
+  connected for it and closed after, for a task's ``read()``/``write()`` and a
+  batch query's planning.  Nothing outlives the call.
+* :class:`LoopThread`: an event loop in a daemon thread with one client kept
+  connected, for the driver side of a streaming query, which Spark asks for
+  offsets at every trigger.  It is never pickled (``__getstate__`` drops it) and
+  is closed by ``stop()``.
+
+Every call is bounded by the ``operationTimeoutS`` option; an unreachable
+metadata store fails the call with a message that says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import uvloop
+
+from ..errors import BKError, MetadataError
+from ..stream.client import BookKeeper
+
+T = TypeVar("T")
+
+CONNECT_TIMEOUT_S = 30.0
+
+
+async def connect(metadata_uri: str, timeout_s: float) -> BookKeeper:
+    """A client of the cluster at ``metadata_uri``, or an error that says it is unreachable."""
+    try:
+        async with asyncio.timeout(min(timeout_s, CONNECT_TIMEOUT_S)):
+            return await BookKeeper.connect(metadata_uri)
+    except (TimeoutError, OSError, MetadataError) as exc:
+        raise MetadataError(
+            f"cannot reach the metadata store at {metadata_uri} ({exc or type(exc).__name__}): "
+            "check the metadataUri option and that etcd and the bookies are running") from None
+
+
+def run_once(metadata_uri: str, timeout_s: float,
+             work: Callable[[BookKeeper], Awaitable[T]]) -> T:
+    """``work(client)`` on a fresh event loop with a fresh client; both closed after."""
+
+    async def main() -> T:
+        bk = await connect(metadata_uri, timeout_s)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await work(bk)
+        except TimeoutError:
+            raise BKError(f"asyncbk operation took longer than operationTimeoutS "
+                          f"({timeout_s:g} s)") from None
+        finally:
+            await bk.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main())
+
+
+class LoopThread:
+    """An event loop in a thread of its own, with one client kept connected."""
+
+    def __init__(self, metadata_uri: str, timeout_s: float) -> None:
+        self.metadata_uri = metadata_uri
+        self.timeout_s = timeout_s
+        self._loop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever,
+                                        name="asyncbk-spark", daemon=True)
+        self._thread.start()
+        self._bk: BookKeeper | None = None
+        self._closed = False
+
+    def run(self, work: Callable[[BookKeeper], Coroutine[Any, Any, T]]) -> T:
+        """``work(client)`` on the thread's loop; waits at most the operation timeout."""
+        if self._closed:
+            raise BKError("the asyncbk source was stopped")
+
+        async def main() -> T:
+            if self._bk is None:
+                self._bk = await connect(self.metadata_uri, self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                return await work(self._bk)
+
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(main(), self._loop)
+        try:
+            return fut.result(self.timeout_s + CONNECT_TIMEOUT_S + 5)
+        except TimeoutError:
+            fut.cancel()
+            raise BKError(f"asyncbk operation took longer than operationTimeoutS "
+                          f"({self.timeout_s:g} s)") from None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        async def shutdown() -> None:
+            if self._bk is not None:
+                await self._bk.close()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(30)
+        except Exception:  # closing is best effort: the process may be going away
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()

@@ -1,0 +1,737 @@
+"""``format("asyncbk")``: the PySpark data source over streams and ledgers.
+
+Reads (batch and Structured Streaming) are planned on the driver from stream
+metadata and entry headers (:mod:`asyncbk.spark.plan`) and read by the tasks
+straight from the bookies, each with its own short-lived client and event loop,
+as Arrow record batches.  Writes go through staged ledgers adopted by one
+metadata transaction per batch (:mod:`asyncbk.stream.adopt`); see docs/spark.md
+for why a streaming write is exactly-once.
+
+Everything Spark pickles (the source, readers, writers, partitions, commit
+messages) holds plain settings only; clients and event loops are made where
+they are used and never pickled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncGenerator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import uvloop
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructType
+
+try:  # Spark 4.2+: admission control and Trigger.AvailableNow
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+except ImportError:  # pragma: no cover - Spark 4.0/4.1
+    ReadAllAvailable = ReadLimit = ReadMaxRows = None  # type: ignore[assignment,misc]
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        pass
+
+from ..errors import (
+    BKError,
+    DataLossError,
+    NoSuchLedgerError,
+    NoSuchNamespaceError,
+    NoSuchStreamError,
+    SinkCommitError,
+    SparkOptionError,
+    TruncatedError,
+)
+from ..log import get_logger
+from ..stream import adopt, codec
+from ..stream.client import BookKeeper
+from ..stream.namespace import Namespace
+from ..stream.position import Position
+from ..stream.reader import resolve_start
+from .options import ReadOptions, StartSpec, WriteOptions, read_options, write_options
+from .plan import Part, Slice, StreamIndex, canonical, partition_bound, split_limit
+from .runtime import LoopThread, connect, run_once
+
+STREAM_SCHEMA = "stream string, position string, txid long, data binary"
+LEDGER_SCHEMA = "ledger_id long, entry_id long, data binary"
+READ_WINDOW_ENTRIES = 64
+"""Entries one read request of a task asks for; the next window is read meanwhile."""
+WRITE_CHUNK_ROWS = 2048
+
+_STREAM_ARROW = pa.schema([("stream", pa.string()), ("position", pa.string()),
+                           ("txid", pa.int64()), ("data", pa.binary())])
+_LEDGER_ARROW = pa.schema([("ledger_id", pa.int64()), ("entry_id", pa.int64()),
+                           ("data", pa.binary())])
+
+_log = get_logger(component="spark")
+
+
+# ---------------------------------------------------------------------- the source
+
+
+class AsyncbkDataSource(DataSource):
+    """``spark.read.format("asyncbk")``, ``readStream``, ``write`` and ``writeStream``.
+
+    Register it once per session: ``spark.dataSource.register(AsyncbkDataSource)``.
+    Options: see docs/spark.md (``metadataUri``, ``namespace``, ``streams`` /
+    ``streamsPattern`` / ``ledgers``, ``startingPositions``, ``endingPositions``,
+    ``failOnDataLoss``, ``maxRecordsPerTrigger``, ``maxRecordsPerPartition``,
+    ``minPartitions``, ``stream``, ``sinkId``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "asyncbk"
+
+    def schema(self) -> str:
+        ledgers = next((v for k, v in self.options.items() if str(k).lower() == "ledgers"), None)
+        return LEDGER_SCHEMA if ledgers else STREAM_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts = read_options(self.options, streaming=False)
+        if opts.over_ledgers:
+            return LedgerBatchReader(opts)
+        return StreamBatchReader(opts)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamMicroBatchReader(read_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise SparkOptionError("asyncbk streams are append-only: use mode(\"append\") "
+                                   "(truncate or delete the stream with the asyncbk API or CLI)")
+        opts = write_options(self.options, streaming=False)
+        return BatchWriter(opts, _row_layout(schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        opts = write_options(self.options, streaming=True)
+        return MicroBatchWriter(opts, _row_layout(schema))
+
+
+# ---------------------------------------------------------------------- partitions
+
+
+class AsyncbkPartition(InputPartition):
+    """One input partition: slices of one stream (``part``) or entries of a ledger."""
+
+    def __init__(self, part: Part | None = None,
+                 ledger: tuple[int, int, int] | None = None) -> None:
+        super().__init__((part.stream, part.start, part.end) if part else ledger)
+        self.part = part
+        self.ledger = ledger
+
+
+@dataclass
+class AsyncbkCommitMessage(WriterCommitMessage):
+    """What one write task made: a staged ledger (None if the task had no rows)."""
+
+    staged: dict[str, Any] | None
+    owner: str
+    partition: int
+
+
+# ---------------------------------------------------------------------- task-side sessions
+
+
+class _TaskLoop:
+    """A fresh event loop and client for one task, driven from Spark's thread."""
+
+    def __init__(self, metadata_uri: str, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.metadata_uri = metadata_uri
+        self.runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        self.bk: BookKeeper | None = None
+
+    def __enter__(self) -> _TaskLoop:
+        self.runner.__enter__()
+        try:
+            self.bk = self.runner.run(connect(self.metadata_uri, self.timeout_s))
+        except BaseException:
+            self.runner.__exit__(None, None, None)
+            raise
+        return self
+
+    def run(self, coro: Any) -> Any:
+        async def bounded() -> Any:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    return await coro
+            except TimeoutError:
+                raise BKError(f"asyncbk operation took longer than operationTimeoutS "
+                              f"({self.timeout_s:g} s)") from None
+        return self.runner.run(bounded())
+
+    def iterate(self, agen: AsyncGenerator[Any, None]) -> Iterator[Any]:
+        try:
+            while True:
+                try:
+                    yield self.run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self.run(agen.aclose())
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if self.bk is not None:
+                self.runner.run(self.bk.close())
+        finally:
+            self.runner.__exit__(None, None, None)
+
+
+# ---------------------------------------------------------------------- reading
+
+
+async def _namespace(bk: BookKeeper, name: str | None) -> Namespace:
+    assert name is not None
+    try:
+        return await bk.namespace(name)
+    except NoSuchNamespaceError:
+        raise SparkOptionError(f"option namespace: no namespace {name!r} in this cluster "
+                               f"(create it with `asyncbk stream create-namespace {name}`)") from None
+
+
+async def _selected(ns: Namespace, opts: ReadOptions, strict: bool = True) -> list[str]:
+    """The streams a read covers: the named ones (each must exist when ``strict``) and
+    those the globs and pattern match now."""
+    found = set()
+    for name in opts.streams:
+        if await ns.stream_exists(name):
+            found.add(name)
+        elif strict:
+            raise SparkOptionError(f"option streams: no stream {name!r} in namespace "
+                                   f"{ns.name!r} (list them with `asyncbk stream list {ns.name}`)")
+    if opts.discovers:
+        async for name in ns.list_streams():
+            if opts.selects(name):
+                found.add(name)
+    return sorted(found)
+
+
+async def _resolve(ns: Namespace, idx: StreamIndex, spec: StartSpec, opts: ReadOptions,
+                   option: str) -> Position:
+    """A real position for a start or end spec of one stream."""
+    if spec.kind == "earliest":
+        return idx.first_position
+    if spec.kind == "latest":
+        return await idx.end_position()
+    if spec.kind == "txid":
+        assert spec.txid is not None
+        return await resolve_start(ns, idx.stream, None, spec.txid)
+    assert spec.position is not None
+    if idx.truncated(spec.position):
+        _data_loss(opts, ns.name, idx.stream,
+                   f"{option} {spec.position} was truncated; the stream now starts at "
+                   f"{idx.first_position}")
+        return idx.first_position
+    return spec.position
+
+
+def _data_loss(opts: ReadOptions, namespace: str, stream: str, what: str) -> None:
+    """Raise DataLossError, or only warn if failOnDataLoss is false."""
+    message = f"stream {namespace}/{stream}: {what}"
+    if opts.fail_on_data_loss:
+        raise DataLossError(
+            f"{message}. Records this query was to read are gone (truncation, retention or "
+            "deletion). If that is acceptable, set the option failOnDataLoss to false to skip "
+            "to the first record still there.")
+    _log.warning("data loss: skipping to the first record still there", detail=message)
+
+
+async def _plan_batch(bk: BookKeeper, opts: ReadOptions) -> list[AsyncbkPartition]:
+    ns = await _namespace(bk, opts.namespace)
+    ranges: list[tuple[StreamIndex, Position, Position, int]] = []
+    for name in await _selected(ns, opts):
+        idx = await StreamIndex.load(ns, name)
+        start = await _resolve(ns, idx, opts.starting.for_stream(name), opts, "startingPositions")
+        end = await _resolve(ns, idx, opts.ending.for_stream(name), opts, "endingPositions")
+        try:
+            count = await idx.sequence_of(end) - await idx.sequence_of(start)
+        except TruncatedError as exc:
+            _data_loss(opts, ns.name, name, str(exc))
+            continue
+        if count > 0:
+            ranges.append((idx, start, end, count))
+    bound = partition_bound(sum(r[3] for r in ranges), opts.max_records_per_partition,
+                            opts.min_partitions)
+    out: list[AsyncbkPartition] = []
+    for idx, start, end, _ in ranges:
+        out.extend(AsyncbkPartition(p) for p in await idx.parts(start, end, bound))
+    return out
+
+
+async def _read_slices(bk: BookKeeper, namespace: str, part: Part,
+                       opts: ReadOptions) -> AsyncGenerator[pa.RecordBatch, None]:
+    """The records of ``part`` as Arrow batches, in position order."""
+    stream = part.stream
+    for sl in part.slices:
+        try:
+            rh = await bk.open_ledger(sl.ledger_id, recovery=False)
+        except NoSuchLedgerError:
+            _data_loss(opts, namespace, stream, f"segment {sl.segment} (ledger {sl.ledger_id}) "
+                                                f"was removed before positions "
+                                                f"{part.start}..{part.end} were read")
+            continue
+        windows = [(lo, min(sl.last_entry, lo + READ_WINDOW_ENTRIES - 1))
+                   for lo in range(sl.first_entry, sl.last_entry + 1, READ_WINDOW_ENTRIES)]
+        pending: asyncio.Task[Any] | None = None
+        try:
+            for i, (lo, hi) in enumerate(windows):
+                current = pending or asyncio.ensure_future(rh.read_unconfirmed(lo, hi))
+                pending = (asyncio.ensure_future(rh.read_unconfirmed(*windows[i + 1]))
+                           if i + 1 < len(windows) else None)
+                entries = await current
+                yield _stream_batch(stream, namespace, sl, entries)
+        finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+
+
+def _stream_batch(stream: str, namespace: str, sl: Slice, entries: list[Any]) -> pa.RecordBatch:
+    positions: list[str] = []
+    txids: list[int] = []
+    datas: list[bytes] = []
+    seq = sl.segment
+    for entry in entries:
+        eid = entry.entry_id
+        batch = codec.decode(entry.data, f"stream {namespace}/{stream} segment {seq} entry {eid}")
+        for slot, (txid, data) in enumerate(batch.records):
+            if sl.keeps(eid, slot):
+                positions.append(f"{seq}:{eid}:{slot}")
+                txids.append(txid)
+                datas.append(data)
+    return pa.RecordBatch.from_arrays(
+        [pa.array([stream] * len(datas), pa.string()), pa.array(positions, pa.string()),
+         pa.array(txids, pa.int64()), pa.array(datas, pa.binary())], schema=_STREAM_ARROW)
+
+
+def _read_partition(opts: ReadOptions, partition: AsyncbkPartition) -> Iterator[pa.RecordBatch]:
+    part = partition.part
+    if part is None:
+        return
+    with _TaskLoop(opts.metadata_uri, opts.timeout_s) as tl:
+        assert tl.bk is not None and opts.namespace is not None
+        yield from tl.iterate(_read_slices(tl.bk, opts.namespace, part, opts))
+
+
+class StreamBatchReader(DataSourceReader):
+    """A batch read of streams: one partition per slice of at most
+    ``maxRecordsPerPartition`` records."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> list[AsyncbkPartition]:
+        parts = run_once(self.opts.metadata_uri, self.opts.timeout_s,
+                         lambda bk: _plan_batch(bk, self.opts))
+        return parts or [AsyncbkPartition()]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, AsyncbkPartition)
+        return _read_partition(self.opts, partition)
+
+
+class LedgerBatchReader(DataSourceReader):
+    """A batch read of ledgers: every entry up to the LAC (the last entry if closed)."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> list[AsyncbkPartition]:
+        async def plan(bk: BookKeeper) -> list[AsyncbkPartition]:
+            out: list[AsyncbkPartition] = []
+            for ledger_id in self.opts.ledgers:
+                try:
+                    rh = await bk.open_ledger(ledger_id, recovery=False)
+                except NoSuchLedgerError:
+                    raise SparkOptionError(f"option ledgers: no ledger {ledger_id}") from None
+                md = rh.metadata
+                last = md.last_entry_id if md.is_closed else rh.last_add_confirmed
+                step = self.opts.max_records_per_partition
+                out.extend(AsyncbkPartition(ledger=(ledger_id, lo, min(last, lo + step - 1)))
+                           for lo in range(0, last + 1, step))
+            return out
+
+        parts = run_once(self.opts.metadata_uri, self.opts.timeout_s, plan)
+        return parts or [AsyncbkPartition()]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, AsyncbkPartition)
+        if partition.ledger is None:
+            return iter(())
+        ledger_id, first, last = partition.ledger
+
+        async def entries(bk: BookKeeper) -> AsyncGenerator[pa.RecordBatch, None]:
+            try:
+                rh = await bk.open_ledger(ledger_id, recovery=False)
+            except NoSuchLedgerError:
+                raise DataLossError(f"ledger {ledger_id} was deleted before it was read") from None
+            for lo in range(first, last + 1, READ_WINDOW_ENTRIES):
+                got = await rh.read_unconfirmed(lo, min(last, lo + READ_WINDOW_ENTRIES - 1))
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([ledger_id] * len(got), pa.int64()),
+                     pa.array([e.entry_id for e in got], pa.int64()),
+                     pa.array([e.data for e in got], pa.binary())], schema=_LEDGER_ARROW)
+
+        def rows() -> Iterator[pa.RecordBatch]:
+            with _TaskLoop(self.opts.metadata_uri, self.opts.timeout_s) as tl:
+                assert tl.bk is not None
+                yield from tl.iterate(entries(tl.bk))
+
+        return rows()
+
+
+# ---------------------------------------------------------------------- streaming reads
+
+
+class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Structured Streaming over streams.  Offsets: ``{stream: next position}``."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+        self._rt: LoopThread | None = None
+        self._target: dict[str, str] | None = None
+        self._last_end: dict[str, str] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_rt"] = None
+        return state
+
+    def _run(self, work: Any) -> Any:
+        if self._rt is None:
+            self._rt = LoopThread(self.opts.metadata_uri, self.opts.timeout_s)
+        return self._rt.run(work)
+
+    # -- offsets
+
+    def initialOffset(self) -> dict[str, str]:
+        async def initial(bk: BookKeeper) -> dict[str, str]:
+            ns = await _namespace(bk, self.opts.namespace)
+            out = {}
+            for name in await _selected(ns, self.opts):
+                idx = await StreamIndex.load(ns, name)
+                spec = self.opts.starting.for_stream(name)
+                out[name] = str(await _resolve(ns, idx, spec, self.opts, "startingPositions"))
+            return canonical(out)
+
+        return self._run(initial)
+
+    async def _latest(self, bk: BookKeeper, start: dict[str, str] | None,
+                      max_rows: int | None) -> dict[str, str]:
+        ns = await _namespace(bk, self.opts.namespace)
+        names = set(await _selected(ns, self.opts, strict=False))
+        start = dict(start or {})
+        out: dict[str, str] = {}
+        backlog: dict[str, tuple[StreamIndex, int, int]] = {}
+        for name in sorted(names | set(start)):
+            if name not in names:  # deleted since
+                if name in self.opts.streams or self.opts.selects(name):
+                    _data_loss(self.opts, ns.name, name, "the stream was deleted")
+                continue
+            idx = await StreamIndex.load(ns, name)
+            end = await idx.end_position()
+            if self._target is not None:
+                if name not in self._target:
+                    continue  # Trigger.AvailableNow: nothing that came after it began
+                target = Position.parse(self._target[name])
+                if not idx.truncated(target) and \
+                        await idx.sequence_of(target) < await idx.sequence_of(end):
+                    end = target
+            begin = Position.parse(start[name]) if name in start else idx.first_position
+            if idx.truncated(begin):
+                out[name] = str(end)  # partitions() reports it (or skips, if allowed)
+                continue
+            first, stop = await idx.sequence_of(begin), await idx.sequence_of(end)
+            if stop <= first:
+                out[name] = start.get(name, str(begin))
+                continue
+            out[name] = str(end)
+            backlog[name] = (idx, first, stop)
+        if max_rows is not None and backlog:
+            shares = split_limit({n: b[2] - b[1] for n, b in backlog.items()}, max_rows)
+            for name, (idx, first, stop) in backlog.items():
+                if shares[name] < stop - first:
+                    out[name] = str(await idx.position_of(first + shares[name]))
+        return canonical(out)
+
+    def latestOffset(self, start: dict[str, str] | None = None,
+                     limit: Any = None) -> dict[str, str]:
+        if start is None:  # Spark 4.0/4.1: no start, no limit: go on from our last answer
+            start = self._last_end
+            max_rows = self.opts.max_records_per_trigger if start is not None else None
+        elif ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            max_rows = limit.max_rows
+        else:
+            max_rows = None
+        end = self._run(lambda bk: self._latest(bk, start, max_rows))
+        self._last_end = end
+        return end
+
+    def getDefaultReadLimit(self) -> Any:
+        if self.opts.max_records_per_trigger and ReadMaxRows is not None:
+            return ReadMaxRows(self.opts.max_records_per_trigger)
+        return ReadAllAvailable() if ReadAllAvailable is not None else None
+
+    def reportLatestOffset(self) -> dict[str, str] | None:
+        return self._run(lambda bk: self._latest(bk, None, None))
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = None
+        self._target = self._run(lambda bk: self._latest(bk, None, None))
+
+    # -- batches
+
+    async def _plan(self, bk: BookKeeper, start: dict[str, str],
+                    end: dict[str, str]) -> list[AsyncbkPartition]:
+        ns = await _namespace(bk, self.opts.namespace)
+        ranges = []
+        for name in sorted(end):
+            try:
+                idx = await StreamIndex.load(ns, name)
+            except NoSuchStreamError:
+                _data_loss(self.opts, ns.name, name, "the stream was deleted")
+                continue
+            stop = Position.parse(end[name])
+            begin = Position.parse(start[name]) if name in start else idx.first_position
+            if idx.truncated(begin):
+                _data_loss(self.opts, ns.name, name,
+                           f"positions {begin}..{stop} were truncated before they were read; "
+                           f"the stream now starts at {idx.first_position}")
+                begin = idx.first_position
+                if stop < begin:
+                    continue
+            try:
+                count = await idx.sequence_of(stop) - await idx.sequence_of(begin)
+            except TruncatedError as exc:
+                _data_loss(self.opts, ns.name, name, str(exc))
+                continue
+            if count > 0:
+                ranges.append((idx, begin, stop, count))
+        bound = partition_bound(sum(r[3] for r in ranges), self.opts.max_records_per_partition,
+                                self.opts.min_partitions)
+        out: list[AsyncbkPartition] = []
+        for idx, begin, stop, _ in ranges:
+            out.extend(AsyncbkPartition(p) for p in await idx.parts(begin, stop, bound))
+        return out
+
+    def partitions(self, start: dict[str, str], end: dict[str, str]) -> list[AsyncbkPartition]:
+        return self._run(lambda bk: self._plan(bk, start, end))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, AsyncbkPartition)
+        return _read_partition(self.opts, partition)
+
+    def commit(self, end: dict[str, str]) -> None:
+        """Nothing to do: offsets live in Spark's checkpoint, and a stream keeps its
+        records until truncation or retention (which ignore readers, as Kafka's do)."""
+
+    def stop(self) -> None:
+        if self._rt is not None:
+            self._rt.close()
+            self._rt = None
+
+
+# ---------------------------------------------------------------------- writing
+
+
+@dataclass(frozen=True)
+class _RowLayout:
+    data: int
+    data_is_text: bool
+    txid: int | None
+
+
+def _row_layout(schema: StructType | None) -> _RowLayout:
+    """Where ``data`` (binary or string) and the optional ``txid`` are in a row."""
+    if schema is None:
+        return _RowLayout(0, False, None)
+    names = [f.name for f in schema.fields]
+    if "data" not in names:
+        raise SparkOptionError(
+            f"writing to asyncbk needs a column named data (binary or string); the "
+            f"DataFrame has {', '.join(names) or 'no columns'}: select or rename one, e.g. "
+            "df.selectExpr(\"to_json(struct(*)) AS data\")")
+    data = schema.fields[names.index("data")]
+    if not isinstance(data.dataType, (BinaryType, StringType)):
+        raise SparkOptionError(f"column data must be binary or string, not "
+                               f"{data.dataType.simpleString()}: cast it first")
+    txid = None
+    if "txid" in names:
+        field = schema.fields[names.index("txid")]
+        if not isinstance(field.dataType, (LongType, IntegerType)):
+            raise SparkOptionError(f"column txid must be a long (bigint), not "
+                                   f"{field.dataType.simpleString()}")
+        txid = names.index("txid")
+    return _RowLayout(names.index("data"), isinstance(data.dataType, StringType), txid)
+
+
+async def _prepare_stream(bk: BookKeeper, opts: WriteOptions) -> None:
+    """Create the target stream if it is absent."""
+    ns = await _namespace(bk, opts.namespace)
+    if not await ns.stream_exists(opts.stream):
+        try:
+            await ns.create_stream(opts.stream)
+        except BKError as exc:
+            if not await ns.stream_exists(opts.stream):
+                raise SinkCommitError(f"cannot create stream {opts.namespace}/{opts.stream}: "
+                                      f"{exc}") from None
+
+
+def _task_owner(opts: WriteOptions, fallback: str | None) -> tuple[str, int]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx is not None else 0
+    owner = opts.sink_id or fallback
+    if owner is None and ctx is not None:
+        query = ctx.getLocalProperty("sql.streaming.queryId")
+        owner = f"query-{query}" if query else None
+    if owner is None:
+        raise SparkOptionError("a streaming write to asyncbk outside a streaming query needs the "
+                               "option sinkId (the identity its batches are recorded under)")
+    return owner, partition
+
+
+def _write_task(opts: WriteOptions, layout: _RowLayout, rows: Iterator[Any],
+                owner: str, partition: int) -> AsyncbkCommitMessage:
+    """Write a task's rows into a staged ledger; the commit message describes it."""
+    with _TaskLoop(opts.metadata_uri, opts.timeout_s) as tl:
+        assert tl.bk is not None
+        bk = tl.bk
+
+        async def begin() -> tuple[adopt.StagedWriter, int]:
+            ns = await _namespace(bk, opts.namespace)
+            sm = await ns.md.stream(ns.name, opts.stream)
+            segs = await ns.md.segments(ns.name, opts.stream)
+            writer = adopt.StagedWriter(ns, opts.stream, await ns.stream_config(sm), owner)
+            return writer, max([sm.last_txid, *(s.last_txid for s in segs)]) + 1
+
+        writer, base = tl.run(begin())
+
+        async def add(chunk: list[Any]) -> None:
+            for row in chunk:
+                data = row[layout.data]
+                if data is None:
+                    raise SinkCommitError("column data is null in a row: every record needs "
+                                          "bytes (filter nulls out first)")
+                if layout.data_is_text:
+                    data = data.encode()
+                txid = base
+                if layout.txid is not None and row[layout.txid] is not None:
+                    txid = int(row[layout.txid])
+                await writer.add(txid, bytes(data))
+
+        try:
+            chunk: list[Any] = []
+            for row in rows:
+                chunk.append(row)
+                if len(chunk) >= WRITE_CHUNK_ROWS:
+                    tl.run(add(chunk))
+                    chunk = []
+            if chunk:
+                tl.run(add(chunk))
+            staged = tl.run(writer.finish())
+        except BaseException:
+            tl.run(writer.abort())
+            raise
+    return AsyncbkCommitMessage(adopt.staged_to(staged) if staged else None, owner, partition)
+
+
+def _staged(messages: list[Any]) -> list[adopt.StagedLedger]:
+    ok = sorted((m for m in messages if isinstance(m, AsyncbkCommitMessage) and m.staged),
+                key=lambda m: m.partition)
+    return [adopt.staged_from(m.staged) for m in ok if m.staged is not None]
+
+
+class BatchWriter(DataSourceWriter):
+    """``df.write.format("asyncbk")``: all the DataFrame's rows become visible at once,
+    or none."""
+
+    def __init__(self, opts: WriteOptions, layout: _RowLayout) -> None:
+        self.opts = opts
+        self.layout = layout
+        self.owner = opts.sink_id or f"batch-{uuid.uuid4().hex}"
+        run_once(opts.metadata_uri, opts.timeout_s, lambda bk: _prepare_stream(bk, opts))
+
+    def write(self, iterator: Iterator[Any]) -> AsyncbkCommitMessage:
+        _, partition = _task_owner(self.opts, self.owner)
+        return _write_task(self.opts, self.layout, iterator, self.owner, partition)
+
+    def commit(self, messages: list[Any]) -> None:
+        staged = _staged(messages)
+
+        async def commit(bk: BookKeeper) -> None:
+            ns = await _namespace(bk, self.opts.namespace)
+            await adopt.adopt(ns, self.opts.stream, staged)
+            await adopt.sweep(ns, self.opts.stream, owner=self.owner)
+
+        run_once(self.opts.metadata_uri, self.opts.timeout_s, commit)
+
+    def abort(self, messages: list[Any]) -> None:
+        _discard(self.opts, _staged(messages), self.owner)
+
+
+def _discard(opts: WriteOptions, staged: list[adopt.StagedLedger], owner: str | None) -> None:
+    async def discard(bk: BookKeeper) -> None:
+        ns = await _namespace(bk, opts.namespace)
+        await adopt.discard(ns, opts.stream, [s.ledger_id for s in staged])
+        if owner is not None:
+            await adopt.sweep(ns, opts.stream, owner=owner)
+
+    run_once(opts.metadata_uri, opts.timeout_s, discard)
+
+
+class MicroBatchWriter(DataSourceStreamWriter):
+    """``writeStream.format("asyncbk")``: each micro-batch is appended exactly once,
+    also when Spark replays it (docs/spark.md has the argument)."""
+
+    def __init__(self, opts: WriteOptions, layout: _RowLayout) -> None:
+        self.opts = opts
+        self.layout = layout
+        run_once(opts.metadata_uri, opts.timeout_s, lambda bk: _prepare_stream(bk, opts))
+
+    def write(self, iterator: Iterator[Any]) -> AsyncbkCommitMessage:
+        owner, partition = _task_owner(self.opts, None)
+        return _write_task(self.opts, self.layout, iterator, owner, partition)
+
+    def _owner(self, messages: list[Any]) -> str | None:
+        owners = {m.owner for m in messages if isinstance(m, AsyncbkCommitMessage)}
+        return self.opts.sink_id or (owners.pop() if len(owners) == 1 else None)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        staged = _staged(messages)
+        owner = self._owner(messages)
+        if owner is None:
+            if staged:
+                raise SinkCommitError("the tasks of one batch named different sinks; set the "
+                                      "option sinkId")
+            return  # an empty batch: nothing to add, nothing to record
+
+        async def commit(bk: BookKeeper) -> None:
+            ns = await _namespace(bk, self.opts.namespace)
+            done = await adopt.adopt(ns, self.opts.stream, staged, sink_id=owner, batch=batchId)
+            if done.replayed:  # committed before Spark could record it: add nothing twice
+                await adopt.discard(ns, self.opts.stream, [s.ledger_id for s in staged])
+                _log.info("batch committed before; its replay adds nothing",
+                          stream=self.opts.stream, batch=batchId, last=done.last_batch)
+            await adopt.sweep(ns, self.opts.stream, owner=owner)
+
+        run_once(self.opts.metadata_uri, self.opts.timeout_s, commit)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        _discard(self.opts, _staged(messages), self._owner(messages))
