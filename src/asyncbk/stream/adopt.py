@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from .namespace import Namespace
 
 ADOPT_ATTEMPTS = 20
+ADOPT_LEDGERS_MAX = 40
+"""Staged ledgers one transaction adopts at most (each costs two of etcd's operations
+per transaction, 128 by default); more are first copied into this many."""
 ENTRY_BYTES = 1024 * 1024
 """Bytes of records packed into one entry of a staged ledger at most."""
 INFLIGHT_ENTRIES = 64
@@ -195,11 +198,16 @@ async def adopt(ns: Namespace, stream: str, staged: Sequence[StagedLedger], *,
     md = ns.md
     log = get_logger(namespace=ns.name, stream=stream)
     marker_key = keys.sink(md.root, ns.name, stream, sink_id) if sink_id is not None else None
+    if sum(1 for s in staged if s.records) > ADOPT_LEDGERS_MAX:
+        if sink_id is not None and batch is not None:
+            done = await last_batch(ns, stream, sink_id)
+            if done is not None and done >= batch:
+                return Adopted([], True, done)
+        staged = await merge(ns, stream, staged)
     for _attempt in range(ADOPT_ATTEMPTS):
         sm = await md.stream(ns.name, stream)
         compare: list[tuple[str, int]] = []
         also_put: list[tuple[str, bytes]] = []
-        previous: int | None = None
         if marker_key is not None and batch is not None:
             kv = await ns.bk.meta.kv_get(marker_key)
             previous = None if kv is None else _marker(kv.value)
@@ -258,6 +266,39 @@ async def adopt(ns: Namespace, stream: str, staged: Sequence[StagedLedger], *,
     raise WriterFencedError(f"stream {ns.name}/{stream}: {ADOPT_ATTEMPTS} attempts to commit "
                             "lost to other writers changing the stream; are several writers "
                             "fighting over it?")
+
+
+async def merge(ns: Namespace, stream: str, staged: Sequence[StagedLedger],
+                groups: int | None = None) -> list[StagedLedger]:
+    """``staged`` copied, in order, into at most ``groups`` (default ADOPT_LEDGERS_MAX)
+    new staged ledgers (the originals are deleted).  The slow path of a batch with
+    very many tasks."""
+    groups = groups or ADOPT_LEDGERS_MAX
+    full = [s for s in staged if s.records]
+    if len(full) <= groups:
+        return full
+    sm = await ns.md.stream(ns.name, stream)
+    config = await ns.stream_config(sm)
+    size = -(-len(full) // groups)
+    out: list[StagedLedger] = []
+    for i in range(0, len(full), size):
+        writer = StagedWriter(ns, stream, config, full[i].owner)
+        try:
+            for s in full[i:i + size]:
+                rh = await ns.bk.open_ledger(s.ledger_id, recovery=False)
+                for lo in range(0, s.last_entry + 1, INFLIGHT_ENTRIES):
+                    for entry in await rh.read(lo, min(s.last_entry, lo + INFLIGHT_ENTRIES - 1)):
+                        batch = codec.decode(entry.data, f"staged ledger {s.ledger_id}")
+                        for txid, data in batch.records:
+                            await writer.add(txid, data)
+            done = await writer.finish()
+        except BaseException:
+            await writer.abort()
+            raise
+        assert done is not None
+        out.append(done)
+    await discard(ns, stream, [s.ledger_id for s in staged])
+    return out
 
 
 async def sweep(ns: Namespace, stream: str, owner: str | None = None,

@@ -1,0 +1,135 @@
+"""What the Spark source stands on, against a real cluster and without Spark:
+record numbers and positions (``asyncbk.spark.plan.StreamIndex``) and the adoption
+of staged ledgers into a stream (``asyncbk.stream.adopt``)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from asyncbk.errors import InvalidTxidError, NoSuchLedgerError, WriterFencedError
+from asyncbk.meta import keys
+from asyncbk.spark.plan import StreamIndex
+from asyncbk.stream import Namespace, Position, StreamRecord, adopt, codec
+from asyncbk.testing import LocalCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("loop_errors")]
+
+
+async def _all(ns: Namespace, stream: str, expected: int) -> list[StreamRecord]:
+    """The stream's records, once ``expected`` of them came (and no more within a moment)."""
+    out: list[StreamRecord] = []
+    async with await ns.open_reader(stream, start=Position.EARLIEST) as r:
+        async with asyncio.timeout(30):
+            while len(out) < expected:
+                out.extend(await r.read_batch(1000, wait_s=5))
+        out.extend(await r.read_batch(1000, wait_s=0.5))
+    return out
+
+
+async def _stage(ns: Namespace, stream: str, records: list[tuple[int, bytes]],
+                 owner: str = "sink-1") -> adopt.StagedLedger:
+    sm = await ns.md.stream(ns.name, stream)
+    w = adopt.StagedWriter(ns, stream, await ns.stream_config(sm), owner, entry_bytes=300)
+    for txid, data in records:
+        await w.add(txid, data)
+    staged = await w.finish()
+    assert staged is not None
+    return staged
+
+
+async def test_positions_and_record_numbers_convert_both_ways(cluster: LocalCluster) -> None:
+    """Every record's position gives its number and back, across rolls and in the open
+    segment; the parts of a range hold exactly its records, at most the bound each."""
+    bk = await cluster.client()
+    ns = await bk.namespace("idx", create=True, ensemble_size=3, write_quorum=2, ack_quorum=2)
+    await ns.create_stream("s", rolling_entries=7)
+    rnd = random.Random(7)
+    w = await ns.open_writer("s", batch_bytes_max=2000)
+    for i in range(1500):
+        w.write_nowait(b"r%d-" % i + b"x" * rnd.randrange(0, 300))
+        if rnd.random() < 0.05:
+            await w.flush()
+    await w.flush()  # the writer stays open: its segment is open
+    records = await _all(ns, "s", 1500)
+    assert len(records) == 1500
+    idx = await StreamIndex.load(ns, "s")
+    assert len(idx.segments) > 10 and not idx.segments[-1].completed
+    for n, rec in enumerate(records):
+        if n % 37 == 0 or n == len(records) - 1:
+            assert await idx.sequence_of(rec.position) == n
+            assert await idx.position_of(n) == rec.position
+    end = await idx.end_position()
+    assert await idx.sequence_of(end) == 1500 == await idx.end_sequence()
+    assert await idx.position_of(1500) == end
+    start = records[123].position
+    parts = await idx.parts(start, end, 200)
+    assert all(p.records <= 200 for p in parts) and sum(p.records for p in parts) == 1377
+    got: list[Position] = []
+    for part in parts:
+        for sl in part.slices:
+            rh = await bk.open_ledger(sl.ledger_id, recovery=False)
+            for entry in await rh.read_unconfirmed(sl.first_entry, sl.last_entry):
+                batch = codec.decode(entry.data)
+                got += [Position(sl.segment, entry.entry_id, slot)
+                        for slot in range(len(batch.records)) if sl.keeps(entry.entry_id, slot)]
+    assert got == [r.position for r in records[123:]]
+    await w.close()
+
+
+async def test_adoption_is_atomic_once_per_batch_and_fences_the_writer(
+        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Staged ledgers become segments in order, once per batch of a sink; a writer that
+    had the stream is fenced and keeps what it had acknowledged; decreasing txids
+    are refused with nothing visible; very many ledgers are merged first; staged
+    ledgers nobody adopts are swept."""
+    bk = await cluster.client()
+    ns = await bk.namespace("adopt", create=True, ensemble_size=3, write_quorum=2,
+                            ack_quorum=2)
+    await ns.create_stream("out")
+    w = await ns.open_writer("out")
+    acked = [await w.write(b"w%d" % i, txid=i) for i in range(5)]
+    s1 = await _stage(ns, "out", [(5, b"a%d" % i) for i in range(40)])
+    s2 = await _stage(ns, "out", [(6, b"b%d" % i) for i in range(3)])
+    done = await adopt.adopt(ns, "out", [s1, s2], sink_id="q", batch=0)
+    assert not done.replayed and [s.records for s in done.segments] == [40, 3]
+    with pytest.raises(WriterFencedError):
+        await w.write(b"late")
+    await w.abort()
+    recs = await _all(ns, "out", 48)
+    assert [r.data for r in recs] == [b"w%d" % i for i in range(5)] + \
+        [b"a%d" % i for i in range(40)] + [b"b%d" % i for i in range(3)]
+    assert recs[4].position == acked[4]
+    # the same batch again (Spark's replay after the commit landed): nothing added
+    s3 = await _stage(ns, "out", [(7, b"again")])
+    assert (await adopt.adopt(ns, "out", [s3], sink_id="q", batch=0)).replayed
+    await adopt.discard(ns, "out", [s3.ledger_id])
+    # decreasing txids: refused, nothing visible
+    s4 = await _stage(ns, "out", [(2, b"old")])
+    with pytest.raises(InvalidTxidError, match="must not go below"):
+        await adopt.adopt(ns, "out", [s4], sink_id="q", batch=1)
+    assert len(await _all(ns, "out", 48)) == 48
+    assert await adopt.last_batch(ns, "out", "q") == 0
+    # many ledgers: merged into few, order kept
+    monkeypatch.setattr(adopt, "ADOPT_LEDGERS_MAX", 2)
+    many = [await _stage(ns, "out", [(10 + i, b"m%d-%d" % (i, j)) for j in range(4)])
+            for i in range(5)]
+    done = await adopt.adopt(ns, "out", many, sink_id="q", batch=1)
+    assert len(done.segments) == 2
+    assert [r.data for r in (await _all(ns, "out", 68))[48:]] == \
+        [b"m%d-%d" % (i, j) for i in range(5) for j in range(4)]
+    for s in many:
+        with pytest.raises(NoSuchLedgerError):
+            await bk.open_ledger(s.ledger_id, recovery=False)
+    # what no commit adopts is swept: s4 (refused) is still staged
+    assert await adopt.sweep(ns, "out", owner="sink-1") == 1
+    with pytest.raises(NoSuchLedgerError):
+        await bk.open_ledger(s4.ledger_id, recovery=False)
+    # deleting the stream removes its markers and anything still staged
+    await _stage(ns, "out", [(99, b"orphan")])
+    await ns.delete_stream("out")
+    root = ns.md.root
+    assert not await bk.meta.kv_range(keys.sinks_prefix(root, "adopt", "out"))
+    assert not await bk.meta.kv_range(keys.staging_prefix(root, "adopt", "out"))
