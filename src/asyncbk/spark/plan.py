@@ -67,18 +67,31 @@ class StreamIndex:
     """Positions and sequence numbers of one stream, from one read of its segment list
     (make a new index to see later segments)."""
 
-    def __init__(self, ns: Namespace, stream: str, segments: list[Segment]) -> None:
+    def __init__(self, ns: Namespace, stream: str, segments: list[Segment],
+                 first: Segment | None = None, from_seq: int = 0) -> None:
         self.ns = ns
         self.bk = ns.bk
         self.stream = stream
         self.segments = segments
+        """The segments numbered ``from_seq`` or more."""
+        self.first = first if first is not None else (segments[0] if segments else None)
+        """The stream's first segment (where it starts now)."""
+        self.from_seq = from_seq
         self._handles: dict[int, ReadHandle] = {}
         self._headers: dict[tuple[int, int], tuple[int, int]] = {}
         self._ends: dict[int, tuple[int, int]] = {}
 
     @classmethod
-    async def load(cls, ns: Namespace, stream: str) -> StreamIndex:
-        return cls(ns, stream, await ns.md.segments(ns.name, stream))
+    async def load(cls, ns: Namespace, stream: str, from_seq: int = 0) -> StreamIndex:
+        """The index of ``stream`` for positions in segment ``from_seq`` and later (a
+        long stream's older segments are not read)."""
+        if from_seq <= 0:
+            return cls(ns, stream, await ns.md.segments(ns.name, stream))
+        first = await ns.md.segments(ns.name, stream, limit=1)
+        if not first or first[0].seq >= from_seq:
+            return cls(ns, stream, await ns.md.segments(ns.name, stream))
+        return cls(ns, stream, await ns.md.segments(ns.name, stream, from_seq=from_seq),
+                   first[0], from_seq)
 
     # ---------------------------------------------------------------- entries
 
@@ -135,13 +148,13 @@ class StreamIndex:
     @property
     def first_position(self) -> Position:
         """Where the stream starts now (for a stream with no segment: where its first will)."""
-        if self.segments:
-            return self.segments[0].first_position
+        if self.first is not None:
+            return self.first.first_position
         return Position(1, 0, 0)
 
     @property
     def first_sequence(self) -> int:
-        return self.segments[0].start_sequence if self.segments else 0
+        return self.first.start_sequence if self.first is not None else 0
 
     async def end_sequence(self) -> int:
         if not self.segments:
@@ -154,7 +167,12 @@ class StreamIndex:
         return await resolve_start(self.ns, self.stream, Position.LATEST, None)
 
     def truncated(self, pos: Position) -> bool:
-        return bool(self.segments) and pos < self.segments[0].first_position
+        return self.first is not None and pos < self.first.first_position
+
+    def _covers(self, pos: Position) -> None:
+        if pos.segment < self.from_seq:
+            raise ValueError(f"position {pos} is before segment {self.from_seq}, where this "
+                             "index of the stream begins")
 
     async def sequence_of(self, pos: Position) -> int:
         """The sequence number of the record at ``pos`` (of the next record, if none is
@@ -163,6 +181,7 @@ class StreamIndex:
             raise TruncatedError(
                 f"stream {self.ns.name}/{self.stream}: position {pos} was truncated; the "
                 f"stream now starts at {self.first_position}")
+        self._covers(pos)
         seg = next((s for s in self.segments if s.seq >= pos.segment), None)
         if seg is None:
             return await self.end_sequence()
@@ -184,6 +203,9 @@ class StreamIndex:
             raise TruncatedError(
                 f"stream {self.ns.name}/{self.stream}: record {sequence} was truncated; the "
                 f"stream now starts at record {self.first_sequence}")
+        if self.segments and sequence < self.segments[0].start_sequence:
+            raise ValueError(f"record {sequence} is before segment {self.from_seq}, where "
+                             "this index of the stream begins")
         for seg in self.segments:
             last_entry, records = await self.segment_end(seg)
             if not seg.start_sequence <= sequence < seg.start_sequence + records:

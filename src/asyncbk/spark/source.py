@@ -443,7 +443,8 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 if name in self.opts.streams or self.opts.selects(name):
                     _data_loss(self.opts, ns.name, name, "the stream was deleted")
                 continue
-            idx = await StreamIndex.load(ns, name)
+            begin_seq = Position.parse(start[name]).segment if name in start else 0
+            idx = await StreamIndex.load(ns, name, begin_seq)
             end = await idx.end_position()
             if self._target is not None:
                 if name not in self._target:
@@ -502,7 +503,8 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         ranges = []
         for name in sorted(end):
             try:
-                idx = await StreamIndex.load(ns, name)
+                idx = await StreamIndex.load(
+                    ns, name, Position.parse(start[name]).segment if name in start else 0)
             except NoSuchStreamError:
                 _data_loss(self.opts, ns.name, name, "the stream was deleted")
                 continue
@@ -617,7 +619,7 @@ def _write_task(opts: WriteOptions, layout: _RowLayout, rows: Iterator[Any],
         async def begin() -> tuple[adopt.StagedWriter, int]:
             ns = await _namespace(bk, opts.namespace)
             sm = await ns.md.stream(ns.name, opts.stream)
-            segs = await ns.md.segments(ns.name, opts.stream)
+            segs = await ns.md.segments(ns.name, opts.stream, from_seq=sm.max_seq)
             writer = adopt.StagedWriter(ns, opts.stream, await ns.stream_config(sm), owner)
             return writer, max([sm.last_txid, *(s.last_txid for s in segs)]) + 1
 

@@ -218,7 +218,7 @@ async def adopt(ns: Namespace, stream: str, staged: Sequence[StagedLedger], *,
         if sm.ended:
             raise EndOfStreamError(f"stream {ns.name}/{stream} was ended: it takes no more "
                                    "writes")
-        segs = await md.segments(ns.name, stream)
+        segs = await md.segments(ns.name, stream, from_seq=sm.max_seq)  # the last one
         put: list[Segment] = []
         last = segs[-1] if segs else None
         if last is not None and not last.completed:

@@ -312,15 +312,20 @@ class StreamMetadata:
                 return out[:limit] if limit else out
             after = page[-1].key
 
-    async def segments(self, namespace: str, name: str) -> list[Segment]:
-        """The stream's segments, oldest first."""
+    async def segments(self, namespace: str, name: str, from_seq: int = 0,
+                       limit: int = 0) -> list[Segment]:
+        """The stream's segments, oldest first: those numbered ``from_seq`` or more, at
+        most ``limit`` of them (0: all).  A stream's last segment is numbered
+        ``max_seq`` (segments go from the front only), so ``from_seq=sm.max_seq``
+        reads just that one, however long the stream."""
         prefix = keys.segments_prefix(self.root, namespace, name)
         out: list[Segment] = []
-        after: str | None = None
+        after = keys.segment(self.root, namespace, name, from_seq - 1) if from_seq > 0 else None
         while True:
-            page = await self.meta.kv_range(prefix, after=after, limit=1000)
+            page = await self.meta.kv_range(prefix, after=after,
+                                            limit=min(1000, limit - len(out)) if limit else 1000)
             out.extend(Segment.from_kv(kv) for kv in page)
-            if len(page) < 1000:
+            if len(page) < 1000 or (limit and len(out) >= limit):
                 return out
             after = page[-1].key
 

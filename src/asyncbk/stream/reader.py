@@ -208,12 +208,12 @@ class StreamReader:
         pause_s = 0.02
         while True:
             sm = await ns.md.stream(ns.name, name)
-            segs = await ns.md.segments(ns.name, name)
-            if segs and seq < segs[0].seq:
+            first = await ns.md.segments(ns.name, name, limit=1)
+            if first and seq < first[0].seq:
                 raise TruncatedError(
                     f"stream {ns.name}/{name}: segment {seq} was truncated; the stream now "
-                    f"starts at {segs[0].first_position}")
-            later = [s for s in segs if s.seq >= seq]
+                    f"starts at {first[0].first_position}")
+            later = await ns.md.segments(ns.name, name, from_seq=seq, limit=1)
             if later:
                 return later[0]
             if sm.ended:
@@ -226,9 +226,13 @@ async def resolve_start(ns: Namespace, name: str, start: Position | None,
                         txid: int | None) -> Position:
     """A real position for EARLIEST, LATEST, a position or a txid."""
     sm = await ns.md.stream(ns.name, name)
-    segs = await ns.md.segments(ns.name, name)
     if txid is not None:
-        return await _position_of_txid(ns, segs, sm.max_seq, txid)
+        return await _position_of_txid(ns, await ns.md.segments(ns.name, name), sm.max_seq, txid)
+    # Only the first segment or the last (numbered max_seq) matters: read just that one.
+    if start == Position.LATEST:
+        segs = await ns.md.segments(ns.name, name, from_seq=sm.max_seq)
+    else:
+        segs = await ns.md.segments(ns.name, name, limit=1)
     if start is None or start == Position.EARLIEST:
         return segs[0].first_position if segs else Position(sm.max_seq + 1, 0, 0)
     if start == Position.LATEST:
