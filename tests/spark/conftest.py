@@ -26,11 +26,11 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed: pip ins
 if shutil.which("java") is None:  # said once, plainly, rather than as a Py4J traceback
     pytest.exit("the Spark tests need Java 17 or newer: no `java` on PATH", returncode=3)
 
-import uvloop  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
+import uvloop
+from pyspark.sql import SparkSession
 
-from asyncbk.stream.client import BookKeeper  # noqa: E402
-from asyncbk.testing import LocalCluster  # noqa: E402
+from asyncbk.stream.client import BookKeeper
+from asyncbk.testing import LocalCluster
 
 T = TypeVar("T")
 RUN_TIMEOUT_S = 120.0
