@@ -57,11 +57,12 @@ from ..errors import (
     TruncatedError,
 )
 from ..log import get_logger
-from ..stream import adopt, codec
+from ..stream import adopt
 from ..stream.client import BookKeeper
 from ..stream.namespace import Namespace
 from ..stream.position import Position
 from ..stream.reader import resolve_start
+from . import arrow
 from .options import ReadOptions, StartSpec, WriteOptions, read_options, write_options
 from .plan import Part, Slice, StreamIndex, canonical, partition_bound, split_limit
 from .runtime import LoopThread, connect, run_once
@@ -302,21 +303,16 @@ async def _read_slices(bk: BookKeeper, namespace: str, part: Part,
 
 
 def _stream_batch(stream: str, namespace: str, sl: Slice, entries: list[Any]) -> pa.RecordBatch:
-    positions: list[str] = []
-    txids: list[int] = []
-    datas: list[bytes] = []
-    seq = sl.segment
+    """The records of ``entries`` (of slice ``sl``) that the slice keeps."""
+    pieces = []
     for entry in entries:
         eid = entry.entry_id
-        batch = codec.decode(entry.data, f"stream {namespace}/{stream} segment {seq} entry {eid}")
-        for slot, (txid, data) in enumerate(batch.records):
-            if sl.keeps(eid, slot):
-                positions.append(f"{seq}:{eid}:{slot}")
-                txids.append(txid)
-                datas.append(data)
-    return pa.RecordBatch.from_arrays(
-        [pa.array([stream] * len(datas), pa.string()), pa.array(positions, pa.string()),
-         pa.array(txids, pa.int64()), pa.array(datas, pa.binary())], schema=_STREAM_ARROW)
+        lo = sl.first_slot if eid == sl.first_entry else 0
+        hi = sl.end_slot if eid == sl.last_entry and sl.end_slot is not None else None
+        txids, datas, lo, hi = arrow.entry_columns(
+            entry.data, f"stream {namespace}/{stream} segment {sl.segment} entry {eid}", lo, hi)
+        pieces.append((eid, txids, datas, lo, hi))
+    return arrow.stream_batch(stream, sl.segment, pieces)
 
 
 def _read_partition(opts: ReadOptions, partition: AsyncbkPartition) -> Iterator[pa.RecordBatch]:

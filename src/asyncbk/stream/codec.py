@@ -69,7 +69,6 @@ def decode(payload: bytes, where: str = "entry") -> Batch:
         raise CorruptRecordError(f"{where}: record batch version {version}, this asyncbk "
                                  f"reads version {VERSION} (written by a newer asyncbk?)")
     records: list[tuple[int, bytes]] = []
-    view = memoryview(payload)
     off = HEADER_BYTES
     unpack = _RECORD.unpack_from
     try:
@@ -79,7 +78,7 @@ def decode(payload: bytes, where: str = "entry") -> Batch:
             end = off + length
             if end > n:
                 raise struct.error("record runs past the entry")
-            records.append((txid, bytes(view[off:end])))
+            records.append((txid, payload[off:end]))
             off = end
     except struct.error:
         raise CorruptRecordError(f"{where}: truncated record batch ({count} records "
