@@ -58,7 +58,7 @@ def _count(reader: StreamMicroBatchReader, start: dict[str, str], end: dict[str,
 
 def test_offsets_limits_and_both_latest_offset_signatures(spark_cluster: ClusterThread,
                                                           ns: str) -> None:
-    _write(spark_cluster, ns, "big", 900, rolling_entries=4)
+    _write(spark_cluster, ns, "big", 900, rolling_entries=12)
     _write(spark_cluster, ns, "small", 30)
     reader = _reader(spark_cluster, ns, streams="big,small", startingPositions="earliest",
                      maxRecordsPerTrigger="100")
