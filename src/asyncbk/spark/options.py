@@ -26,7 +26,7 @@ OPERATION_TIMEOUT_S = 120.0
 KNOWN = {
     "metadatauri", "namespace", "streams", "streamspattern", "ledgers", "startingpositions",
     "endingpositions", "failondataloss", "maxrecordspertrigger", "maxrecordsperpartition",
-    "minpartitions", "stream", "sinkid", "operationtimeouts", "path",
+    "minpartitions", "stream", "sinkid", "batchid", "operationtimeouts", "path",
 }
 """Lower-cased names this source knows (``path`` is what ``load(x)``/``save(x)`` set)."""
 
@@ -105,6 +105,8 @@ class WriteOptions:
     namespace: str
     stream: str
     sink_id: str | None = None
+    batch_id: int | None = None
+    """With ``sink_id``, makes a batch write idempotent (for ``foreachBatch``)."""
     timeout_s: float = OPERATION_TIMEOUT_S
 
 
@@ -322,7 +324,7 @@ def read_options(options: Mapping[str, Any], streaming: bool) -> ReadOptions:
 def write_options(options: Mapping[str, Any], streaming: bool) -> WriteOptions:
     what = "a streaming write" if streaming else "a batch write"
     _check_applies(options, {"metadatauri", "namespace", "stream", "sinkid",
-                             "operationtimeouts"}, what)
+                             "operationtimeouts"} | (set() if streaming else {"batchid"}), what)
     uri = _metadata_uri(options)
     namespace = _namespace(options, "to write")
     stream = _get(options, "stream") or _get(options, "path")
@@ -336,5 +338,9 @@ def write_options(options: Mapping[str, Any], streaming: bool) -> WriteOptions:
     sink_id = _get(options, "sinkId")
     if sink_id is not None and not sink_id.strip():
         raise SparkOptionError("option sinkId cannot be empty")
+    batch_id = _int(options, "batchId", 0)
+    if batch_id is not None and not sink_id:
+        raise SparkOptionError("option batchId needs the option sinkId: a batch is recorded "
+                               "as written under the sink's id")
     return WriteOptions(uri, namespace, stream.strip(), sink_id.strip() if sink_id else None,
-                        _timeout(options))
+                        batch_id, _timeout(options))

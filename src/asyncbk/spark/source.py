@@ -658,7 +658,8 @@ def _staged(messages: list[Any]) -> list[adopt.StagedLedger]:
 
 class BatchWriter(DataSourceWriter):
     """``df.write.format("asyncbk")``: all the DataFrame's rows become visible at once,
-    or none."""
+    or none.  With the options ``sinkId`` and ``batchId`` (in ``foreachBatch``), a
+    batch id the sink wrote before is not written again."""
 
     def __init__(self, opts: WriteOptions, layout: _RowLayout) -> None:
         self.opts = opts
@@ -675,7 +676,10 @@ class BatchWriter(DataSourceWriter):
 
         async def commit(bk: BookKeeper) -> None:
             ns = await _namespace(bk, self.opts.namespace)
-            await adopt.adopt(ns, self.opts.stream, staged)
+            done = await adopt.adopt(ns, self.opts.stream, staged, sink_id=self.opts.sink_id,
+                                     batch=self.opts.batch_id)
+            if done.replayed:  # sinkId + batchId written before: add nothing twice
+                await adopt.discard(ns, self.opts.stream, [s.ledger_id for s in staged])
             await adopt.sweep(ns, self.opts.stream, owner=self.owner)
 
         run_once(self.opts.metadata_uri, self.opts.timeout_s, commit)
