@@ -43,6 +43,16 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_spark(session: nox.Session) -> None:
+    """Spark reading asyncbk against Spark reading a local file, and streaming latency
+    against Spark's socket source, in the same run (needs Java 17+).  ``nox -s bench_spark
+    -- --quick`` reads 100,000 records instead of 1,000,000."""
+    session.install("-e", ".[bench,spark]")
+    session.run("python", "benchmarks/spark.py", "--json", "bench-results/spark.json",
+                *session.posargs)
+
+
+@nox.session
 def soak(session: nox.Session) -> None:
     """Bookie memory under a 10-minute open-loop write load."""
     session.install("-e", ".[bench]")
