@@ -1,12 +1,15 @@
 """The reference tables of the docs match the code they describe: wire ops, their
 fields, flags and status codes (docs/protocol.md), journal record types
-(docs/storage.md and the journal_format docstring), format versions."""
+(docs/storage.md and the journal_format docstring), format versions, and the Spark
+source's options, schemas and limits (docs/spark.md)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import fields
 from pathlib import Path
+
+import pytest
 
 from asyncbk.bookie import journal_format
 from asyncbk.bookie.cookie import COOKIE_FORMAT
@@ -123,3 +126,32 @@ def test_deploy_doc_names_the_format_versions() -> None:
     assert current["ledger metadata (etcd)"] == str(METADATA_FORMAT_VERSION)
     unversioned = current["journal, entry logs, `index.log`"]
     assert unversioned == "—"  # no version field: the doc says what holds instead
+
+
+def _spark_options() -> set[str]:
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    from asyncbk.spark.options import KNOWN
+
+    return KNOWN - {"path"}  # what load(x)/save(x) set: documented with `stream`
+
+
+def test_spark_doc_option_table_matches_the_known_options() -> None:
+    rows = table((DOCS / "spark.md").read_text(), "| option | applies to |")
+    documented = [name(r[0]) for r in rows]
+    assert len(documented) == len(set(documented)), "an option is documented twice"
+    assert {d.lower() for d in documented} == _spark_options()
+
+
+def test_spark_doc_names_the_schemas_defaults_and_limits() -> None:
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    from asyncbk.spark import LEDGER_SCHEMA, STREAM_SCHEMA
+    from asyncbk.spark.options import MAX_RECORDS_PER_PARTITION, OPERATION_TIMEOUT_S
+    from asyncbk.stream.adopt import ADOPT_LEDGERS_MAX
+
+    text = (DOCS / "spark.md").read_text()
+    schemas = {r[1] for r in table(text, "| read of | schema |")}
+    assert schemas == {f"`{STREAM_SCHEMA}`", f"`{LEDGER_SCHEMA}`"}
+    defaults = {name(r[0]): r[2] for r in table(text, "| option | applies to |")}
+    assert defaults["maxRecordsPerPartition"] == f"`{MAX_RECORDS_PER_PARTITION}`"
+    assert defaults["operationTimeoutS"] == f"`{OPERATION_TIMEOUT_S:g}`"
+    assert f"one commit adopts at most {ADOPT_LEDGERS_MAX}" in " ".join(text.split())
