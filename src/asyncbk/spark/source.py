@@ -402,6 +402,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._rt: LoopThread | None = None
         self._target: dict[str, str] | None = None
         self._last_end: dict[str, str] | None = None
+        self._available: dict[str, str] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -434,6 +435,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         start = dict(start or {})
         out: dict[str, str] = {}
         backlog: dict[str, tuple[StreamIndex, int, int]] = {}
+        available: dict[str, str] = {}
         for name in sorted(names | set(start)):
             if name not in names:  # deleted since
                 if name in self.opts.streams or self.opts.selects(name):
@@ -442,6 +444,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             begin_seq = Position.parse(start[name]).segment if name in start else 0
             idx = await StreamIndex.load(ns, name, begin_seq)
             end = await idx.end_position()
+            available[name] = str(end)
             if self._target is not None:
                 if name not in self._target:
                     continue  # Trigger.AvailableNow: nothing that came after it began
@@ -464,6 +467,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             for name, (idx, first, stop) in backlog.items():
                 if shares[name] < stop - first:
                     out[name] = str(await idx.position_of(first + shares[name]))
+        self._available = canonical(available)
         return canonical(out)
 
     def latestOffset(self, start: dict[str, str] | None = None,
@@ -485,7 +489,11 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return ReadAllAvailable() if ReadAllAvailable is not None else None
 
     def reportLatestOffset(self) -> dict[str, str] | None:
-        return self._run(lambda bk: self._latest(bk, None, None))
+        """What was available at the last ``latestOffset`` (for the query's progress;
+        asking the cluster again at every trigger would double its cost)."""
+        if self._available is None:
+            return self._run(lambda bk: self._latest(bk, None, None))
+        return self._available
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = None
