@@ -23,8 +23,6 @@ from typing import Any, TypeVar
 import pytest
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed: pip install -e '.[test]'")
-if shutil.which("java") is None:  # said once, plainly, rather than as a Py4J traceback
-    pytest.exit("the Spark tests need Java 17 or newer: no `java` on PATH", returncode=3)
 
 import uvloop
 from pyspark.sql import SparkSession
@@ -35,7 +33,14 @@ from asyncbk.testing import LocalCluster
 T = TypeVar("T")
 RUN_TIMEOUT_S = 120.0
 
-pytestmark = pytest.mark.spark
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test in this directory is a Spark test (``-m "not spark"`` leaves them out)."""
+    for item in items:
+        if HERE in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.spark)
 
 
 class ClusterThread:
@@ -71,6 +76,37 @@ class ClusterThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
         self.loop.close()
+
+
+def _java() -> str | None:
+    """The ``java`` Spark will run: ``$JAVA_HOME/bin/java`` if set, else from PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
+        return os.path.join(home, "bin", "java")
+    return shutil.which("java")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Without Java, stop with one line, and only if a Spark test is to run
+    (``-m "not spark"`` runs the rest)."""
+    if _java() is None and any(item.get_closest_marker("spark") for item in session.items):
+        pytest.exit("the Spark tests need Java 17 or newer (`java` on PATH or JAVA_HOME); "
+                    "install it, or leave them out with -m \"not spark\"", returncode=3)
+
+
+@pytest.fixture(autouse=True)
+def _active_session(request: pytest.FixtureRequest) -> None:
+    """Tests that use the SparkSession find it active in this thread's JVM peer.
+
+    A subprocess started from the cluster's uvloop thread (a bookie started or
+    restarted) replaces this thread's py4j connection with one served by a JVM thread
+    without an active session, and ``writeStream.format(<Python source>)`` looks the
+    source up through it (DATA_SOURCE_NOT_FOUND otherwise)."""
+    if "spark" in request.fixturenames:
+        session = request.getfixturevalue("spark")
+        jvm = session._jvm
+        assert jvm is not None
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
 
 
 @pytest.fixture(scope="session")

@@ -118,6 +118,9 @@ class AsyncbkDataSource(DataSource):
         return BatchWriter(opts, _row_layout(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        if overwrite:
+            raise SparkOptionError("asyncbk streams are append-only: use outputMode(\"append\") "
+                                   "(complete mode would append the whole result each batch)")
         opts = write_options(self.options, streaming=True)
         return MicroBatchWriter(opts, _row_layout(schema))
 
@@ -623,9 +626,8 @@ def _write_task(opts: WriteOptions, layout: _RowLayout, rows: Iterator[Any],
         async def begin() -> tuple[adopt.StagedWriter, int]:
             ns = await _namespace(bk, opts.namespace)
             sm = await ns.md.stream(ns.name, opts.stream)
-            segs = await ns.md.segments(ns.name, opts.stream, from_seq=sm.max_seq)
             writer = adopt.StagedWriter(ns, opts.stream, await ns.stream_config(sm), owner)
-            return writer, max([sm.last_txid, *(s.last_txid for s in segs)]) + 1
+            return writer, await adopt.last_txid(ns, opts.stream) + 1
 
         writer, base = tl.run(begin())
 

@@ -158,15 +158,70 @@ class StagedWriter:
             await discard(self.ns, self.stream, [self._lh.id])
 
 
-async def discard(ns: Namespace, stream: str, ledger_ids: Iterable[int]) -> None:
-    """Delete staged ledgers and their staging keys (those already gone are skipped)."""
+async def discard(ns: Namespace, stream: str, ledger_ids: Iterable[int]) -> int:
+    """Delete staged ledgers that are still staged; returns how many.
+
+    A ledger counts as staged while its staging key exists: the key is removed
+    first, in a transaction that requires it, and only then the ledger.  A ledger
+    that a commit adopted lost its key in that commit's transaction, so it is never
+    deleted here, even when the caller cannot know whether the commit landed (an
+    ``abort`` after a commit whose answer was lost)."""
+    gone = 0
     for ledger_id in ledger_ids:
+        key = keys.staging(ns.md.root, ns.name, stream, ledger_id)
+        kv = await ns.bk.meta.kv_get(key)
+        if kv is None:
+            continue  # adopted, or discarded before
+        try:
+            await ns.bk.meta.kv_txn([(key, kv.version)], delete=[key])
+        except MetadataVersionError:
+            continue  # a commit adopted it meanwhile
         try:
             await ns.bk.delete_ledger(ledger_id)
         except NoSuchLedgerError:
             pass
-        key = keys.staging(ns.md.root, ns.name, stream, ledger_id)
-        await ns.bk.meta.kv_txn([], delete=[key])
+        gone += 1
+    return gone
+
+
+async def _durable_last_txid(ns: Namespace, seg: Segment) -> int:
+    """The last txid of an open segment as far as its LAC (no fencing)."""
+    try:
+        rh = await ns.bk.open_ledger(seg.ledger_id, recovery=False)
+    except NoSuchLedgerError:
+        return -1
+    entry = rh.metadata.last_entry_id if rh.metadata.is_closed else rh.last_add_confirmed
+    while entry >= 0:
+        batch = codec.decode((await rh.read_unconfirmed(entry, entry))[0].data,
+                             f"stream {ns.name} segment {seg.seq} entry {entry}")
+        if batch.records:
+            return batch.records[-1][0]
+        entry -= 1
+    return -1
+
+
+async def last_txid(ns: Namespace, stream: str) -> int:
+    """The highest txid in ``stream`` now, the open segment's durable records included
+    (-1: none): a parallel writer's records take txids above it."""
+    sm = await ns.md.stream(ns.name, stream)
+    last = await ns.md.segments(ns.name, stream, from_seq=sm.max_seq)
+    txid = max([sm.last_txid, *(s.last_txid for s in last)])
+    if last and not last[-1].completed:
+        txid = max(txid, await _durable_last_txid(ns, last[-1]))
+    return txid
+
+
+def _check_txids(ns: Namespace, stream: str, staged: Sequence[StagedLedger],
+                 prev_txid: int) -> None:
+    for s in staged:
+        if s.records and s.first_txid < prev_txid:
+            raise InvalidTxidError(
+                f"stream {ns.name}/{stream}: this batch's txids start at {s.first_txid}, below "
+                f"{prev_txid}, the stream's last txid (txids never decrease); another writer "
+                "may have written meanwhile (run the batch again), or a txid column goes "
+                "down (sort the rows by it, or leave it out)")
+        if s.records:
+            prev_txid = s.last_txid
 
 
 @dataclass(frozen=True)
@@ -222,8 +277,11 @@ async def adopt(ns: Namespace, stream: str, staged: Sequence[StagedLedger], *,
         put: list[Segment] = []
         last = segs[-1] if segs else None
         if last is not None and not last.completed:
-            # Another writer has the stream: fence it first (its next change of the
+            # Another writer has the stream.  If its records already rule this batch
+            # out, say so without fencing it; else fence it (its next change of the
             # segments fails), then complete its segment in our transaction.
+            _check_txids(ns, stream, staged, max(
+                sm.last_txid, last.last_txid, await _durable_last_txid(ns, last)))
             try:
                 sm, _ = await md.commit(sm, epoch=sm.epoch + 1)
             except MetadataVersionError:
@@ -232,15 +290,8 @@ async def adopt(ns: Namespace, stream: str, staged: Sequence[StagedLedger], *,
             put.append(last)
             if ended:
                 raise EndOfStreamError(f"stream {ns.name}/{stream} was ended")
-        prev_txid = max([sm.last_txid, *(s.last_txid for s in segs), *(s.last_txid for s in put)])
-        for s in staged:
-            if s.records and s.first_txid < prev_txid:
-                raise InvalidTxidError(
-                    f"stream {ns.name}/{stream}: a batch's txids must not go below the stream's "
-                    f"last txid {prev_txid} (got {s.first_txid}); txids must not decrease "
-                    "(sort the rows by txid, or leave the txid column out)")
-            if s.records:
-                prev_txid = s.last_txid
+        _check_txids(ns, stream, staged, max(
+            [sm.last_txid, *(s.last_txid for s in segs), *(s.last_txid for s in put)]))
         start_sequence = last.start_sequence + last.records if last is not None else 0
         seq = max([sm.max_seq, *(s.seq for s in segs)]) + 1
         now_ms = int(ns.clock.wall_s() * 1000)
@@ -319,11 +370,11 @@ async def sweep(ns: Namespace, stream: str, owner: str | None = None,
         if owner is None or who == owner:
             doomed.append(ledger_id)
     try:
-        await discard(ns, stream, doomed)
+        return await discard(ns, stream, doomed)
     except BKError as exc:
         get_logger(namespace=ns.name, stream=stream).warning(
             "could not delete staged ledgers; the next commit tries again", error=str(exc))
-    return len(doomed)
+        return 0
 
 
 def staged_from(d: dict[str, Any]) -> StagedLedger:
