@@ -184,13 +184,26 @@ async def discard(ns: Namespace, stream: str, ledger_ids: Iterable[int]) -> int:
     return gone
 
 
+UNCONFIRMED_PROBE_MAX = 16
+"""Entries past an open segment's LAC that :func:`_durable_last_txid` looks for."""
+
+
 async def _durable_last_txid(ns: Namespace, seg: Segment) -> int:
-    """The last txid of an open segment as far as its LAC (no fencing)."""
+    """The last txid of an open segment, without fencing its writer: from the last
+    entry the bookies have, also past the LAC (the writer's latest acknowledged
+    entries are confirmed only by its next add or its explicit LAC)."""
     try:
         rh = await ns.bk.open_ledger(seg.ledger_id, recovery=False)
     except NoSuchLedgerError:
         return -1
     entry = rh.metadata.last_entry_id if rh.metadata.is_closed else rh.last_add_confirmed
+    if not rh.metadata.is_closed:
+        for _ in range(UNCONFIRMED_PROBE_MAX):
+            try:
+                await rh.read_unconfirmed(entry + 1, entry + 1)
+            except BKError:  # no such entry (or no bookie has it yet): the end
+                break
+            entry += 1
     while entry >= 0:
         batch = codec.decode((await rh.read_unconfirmed(entry, entry))[0].data,
                              f"stream {ns.name} segment {seg.seq} entry {entry}")
