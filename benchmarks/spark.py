@@ -407,25 +407,10 @@ def fmt_lat(r: dict[str, Any]) -> str:
 
 def spark_session(work: Path) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    from asyncbk.spark import local_session
 
-    from asyncbk.spark import AsyncbkDataSource
-
-    spark = (SparkSession.builder.master("local[2]").appName("asyncbk-bench-spark")
-             .config("spark.driver.memory", "1g")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.default.parallelism", "2")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.local.dir", str(work / "spark-local"))
-             .config("spark.sql.streaming.stopTimeout", "30s")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(AsyncbkDataSource)
-    return spark
+    return local_session("asyncbk-bench-spark",
+                         conf={"spark.local.dir": str(work / "spark-local")})
 
 
 def report(result: dict[str, Any]) -> str:

@@ -179,25 +179,10 @@ class Printer:
 
 def spark_session(args: argparse.Namespace) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable  # Spark's Python workers: this venv
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    from asyncbk.spark import local_session  # registers format("asyncbk")
 
-    from asyncbk.spark import AsyncbkDataSource
-
-    spark = (SparkSession.builder.master(args.master).appName("asyncbk-spark-pipeline")
-             .config("spark.driver.memory", "1g")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.default.parallelism", "2")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.streaming.stopTimeout", "30s")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(AsyncbkDataSource)
-    return spark
+    return local_session("asyncbk-spark-pipeline", args.master,
+                         conf={"spark.sql.session.timeZone": "UTC"})
 
 
 def start_queries(spark: Any, args: argparse.Namespace, producer: Producer,

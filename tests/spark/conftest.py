@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import sys
 import threading
 import uuid
 from collections.abc import Coroutine, Iterator
@@ -27,6 +26,7 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed: pip ins
 import uvloop
 from pyspark.sql import SparkSession
 
+from asyncbk.spark import local_session
 from asyncbk.stream.client import BookKeeper
 from asyncbk.testing import LocalCluster
 
@@ -122,24 +122,9 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterT
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     """One SparkSession for every Spark test: local[2], 1 GiB driver, no UI, loopback."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     local_dir = tmp_path_factory.mktemp("spark-local")
-    session = (SparkSession.builder.master("local[2]")
-               .appName("asyncbk-tests")
-               .config("spark.driver.memory", "1g")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.default.parallelism", "2")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.local.dir", str(local_dir))
-               .config("spark.sql.streaming.stopTimeout", "30s")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    from asyncbk.spark import AsyncbkDataSource
-
-    session.dataSource.register(AsyncbkDataSource)
+    session = local_session("asyncbk-tests", "local[2]",
+                            conf={"spark.local.dir": str(local_dir)})
     try:
         yield session
     finally:

@@ -16,6 +16,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("asyncbk.spark needs PySpark 4: pip install 'asyncbk[spark]'") from exc
 
+from .session import local_session
 from .source import (
     LEDGER_SCHEMA,
     STREAM_SCHEMA,
@@ -25,4 +26,4 @@ from .source import (
 )
 
 __all__ = ["LEDGER_SCHEMA", "STREAM_SCHEMA", "AsyncbkCommitMessage", "AsyncbkDataSource",
-           "AsyncbkPartition"]
+           "AsyncbkPartition", "local_session"]
