@@ -17,13 +17,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("asyncbk.spark needs PySpark 4: pip install 'asyncbk[spark]'") from exc
 
 from .session import local_session
-from .source import (
-    LEDGER_SCHEMA,
-    STREAM_SCHEMA,
-    AsyncbkCommitMessage,
-    AsyncbkDataSource,
-    AsyncbkPartition,
-)
+from .sink import AsyncbkCommitMessage
+from .source import LEDGER_SCHEMA, STREAM_SCHEMA, AsyncbkDataSource, AsyncbkPartition
 
 __all__ = ["LEDGER_SCHEMA", "STREAM_SCHEMA", "AsyncbkCommitMessage", "AsyncbkDataSource",
            "AsyncbkPartition", "local_session"]

@@ -6,6 +6,7 @@ reuses from job to job.  Two ways to run a coroutine there:
 * :func:`run_once`: a fresh event loop (uvloop) for one call, with a client
   connected for it and closed after, for a task's ``read()``/``write()`` and a
   batch query's planning.  Nothing outlives the call.
+  :class:`TaskLoop` is the same for a task that yields as it goes (a read).
 * :class:`LoopThread`: an event loop in a daemon thread with one client kept
   connected, for the driver side of a streaming query, which Spark asks for
   offsets at every trigger.  It is never pickled (``__getstate__`` drops it) and
@@ -19,14 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import uvloop
 
-from ..errors import BKError, MetadataError
+from ..errors import BKError, MetadataError, NoSuchNamespaceError, SparkOptionError
 from ..stream.client import BookKeeper
+from ..stream.namespace import Namespace
 
 T = TypeVar("T")
 
@@ -112,3 +114,58 @@ class LoopThread:
         self._thread.join(10)
         if not self._thread.is_alive():
             self._loop.close()
+
+
+class TaskLoop:
+    """A fresh event loop and client for one task, driven from Spark's thread."""
+
+    def __init__(self, metadata_uri: str, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.metadata_uri = metadata_uri
+        self.runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        self.bk: BookKeeper | None = None
+
+    def __enter__(self) -> TaskLoop:
+        self.runner.__enter__()
+        try:
+            self.bk = self.runner.run(connect(self.metadata_uri, self.timeout_s))
+        except BaseException:
+            self.runner.__exit__(None, None, None)
+            raise
+        return self
+
+    def run(self, coro: Any) -> Any:
+        async def bounded() -> Any:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    return await coro
+            except TimeoutError:
+                raise BKError(f"asyncbk operation took longer than operationTimeoutS "
+                              f"({self.timeout_s:g} s)") from None
+        return self.runner.run(bounded())
+
+    def iterate(self, agen: AsyncGenerator[Any, None]) -> Iterator[Any]:
+        try:
+            while True:
+                try:
+                    yield self.run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self.run(agen.aclose())
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if self.bk is not None:
+                self.runner.run(self.bk.close())
+        finally:
+            self.runner.__exit__(None, None, None)
+
+
+async def namespace_of(bk: BookKeeper, name: str | None) -> Namespace:
+    assert name is not None
+    try:
+        return await bk.namespace(name)
+    except NoSuchNamespaceError:
+        raise SparkOptionError(f"option namespace: no namespace {name!r} in this cluster "
+                               f"(create it with `asyncbk stream create-namespace {name}`)") from None

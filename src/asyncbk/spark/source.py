@@ -15,13 +15,10 @@ they are used and never pickled.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncGenerator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import uvloop
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -29,9 +26,8 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
-    WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructType
+from pyspark.sql.types import StructType
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow
     from pyspark.sql.streaming.datasource import (
@@ -47,25 +43,22 @@ except ImportError:  # pragma: no cover - Spark 4.0/4.1
         pass
 
 from ..errors import (
-    BKError,
     DataLossError,
     NoSuchLedgerError,
-    NoSuchNamespaceError,
     NoSuchStreamError,
-    SinkCommitError,
     SparkOptionError,
     TruncatedError,
 )
 from ..log import get_logger
-from ..stream import adopt
 from ..stream.client import BookKeeper
 from ..stream.namespace import Namespace
 from ..stream.position import Position
 from ..stream.reader import resolve_start
 from . import arrow
-from .options import ReadOptions, StartSpec, WriteOptions, read_options, write_options
+from .options import ReadOptions, StartSpec, read_options, write_options
 from .plan import Part, Slice, StreamIndex, canonical, partition_bound, split_limit
-from .runtime import LoopThread, connect, run_once
+from .runtime import LoopThread, TaskLoop, namespace_of, run_once
+from .sink import BatchWriter, MicroBatchWriter, row_layout
 
 STREAM_SCHEMA = "stream string, position string, txid long, data binary"
 LEDGER_SCHEMA = "ledger_id long, entry_id long, data binary"
@@ -115,14 +108,14 @@ class AsyncbkDataSource(DataSource):
             raise SparkOptionError("asyncbk streams are append-only: use mode(\"append\") "
                                    "(truncate or delete the stream with the asyncbk API or CLI)")
         opts = write_options(self.options, streaming=False)
-        return BatchWriter(opts, _row_layout(schema))
+        return BatchWriter(opts, row_layout(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         if overwrite:
             raise SparkOptionError("asyncbk streams are append-only: use outputMode(\"append\") "
                                    "(complete mode would append the whole result each batch)")
         opts = write_options(self.options, streaming=True)
-        return MicroBatchWriter(opts, _row_layout(schema))
+        return MicroBatchWriter(opts, row_layout(schema))
 
 
 # ---------------------------------------------------------------------- partitions
@@ -138,74 +131,7 @@ class AsyncbkPartition(InputPartition):
         self.ledger = ledger
 
 
-@dataclass
-class AsyncbkCommitMessage(WriterCommitMessage):
-    """What one write task made: a staged ledger (None if the task had no rows)."""
-
-    staged: dict[str, Any] | None
-    owner: str
-    partition: int
-
-
-# ---------------------------------------------------------------------- task-side sessions
-
-
-class _TaskLoop:
-    """A fresh event loop and client for one task, driven from Spark's thread."""
-
-    def __init__(self, metadata_uri: str, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.metadata_uri = metadata_uri
-        self.runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-        self.bk: BookKeeper | None = None
-
-    def __enter__(self) -> _TaskLoop:
-        self.runner.__enter__()
-        try:
-            self.bk = self.runner.run(connect(self.metadata_uri, self.timeout_s))
-        except BaseException:
-            self.runner.__exit__(None, None, None)
-            raise
-        return self
-
-    def run(self, coro: Any) -> Any:
-        async def bounded() -> Any:
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    return await coro
-            except TimeoutError:
-                raise BKError(f"asyncbk operation took longer than operationTimeoutS "
-                              f"({self.timeout_s:g} s)") from None
-        return self.runner.run(bounded())
-
-    def iterate(self, agen: AsyncGenerator[Any, None]) -> Iterator[Any]:
-        try:
-            while True:
-                try:
-                    yield self.run(agen.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            self.run(agen.aclose())
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            if self.bk is not None:
-                self.runner.run(self.bk.close())
-        finally:
-            self.runner.__exit__(None, None, None)
-
-
 # ---------------------------------------------------------------------- reading
-
-
-async def _namespace(bk: BookKeeper, name: str | None) -> Namespace:
-    assert name is not None
-    try:
-        return await bk.namespace(name)
-    except NoSuchNamespaceError:
-        raise SparkOptionError(f"option namespace: no namespace {name!r} in this cluster "
-                               f"(create it with `asyncbk stream create-namespace {name}`)") from None
 
 
 async def _selected(ns: Namespace, opts: ReadOptions, strict: bool = True) -> list[str]:
@@ -256,7 +182,7 @@ def _data_loss(opts: ReadOptions, namespace: str, stream: str, what: str) -> Non
 
 
 async def _plan_batch(bk: BookKeeper, opts: ReadOptions) -> list[AsyncbkPartition]:
-    ns = await _namespace(bk, opts.namespace)
+    ns = await namespace_of(bk, opts.namespace)
     ranges: list[tuple[StreamIndex, Position, Position, int]] = []
     for name in await _selected(ns, opts):
         idx = await StreamIndex.load(ns, name)
@@ -322,7 +248,7 @@ def _read_partition(opts: ReadOptions, partition: AsyncbkPartition) -> Iterator[
     part = partition.part
     if part is None:
         return
-    with _TaskLoop(opts.metadata_uri, opts.timeout_s) as tl:
+    with TaskLoop(opts.metadata_uri, opts.timeout_s) as tl:
         assert tl.bk is not None and opts.namespace is not None
         yield from tl.iterate(_read_slices(tl.bk, opts.namespace, part, opts))
 
@@ -387,7 +313,7 @@ class LedgerBatchReader(DataSourceReader):
                      pa.array([e.data for e in got], pa.binary())], schema=_LEDGER_ARROW)
 
         def rows() -> Iterator[pa.RecordBatch]:
-            with _TaskLoop(self.opts.metadata_uri, self.opts.timeout_s) as tl:
+            with TaskLoop(self.opts.metadata_uri, self.opts.timeout_s) as tl:
                 assert tl.bk is not None
                 yield from tl.iterate(entries(tl.bk))
 
@@ -421,7 +347,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def initialOffset(self) -> dict[str, str]:
         async def initial(bk: BookKeeper) -> dict[str, str]:
-            ns = await _namespace(bk, self.opts.namespace)
+            ns = await namespace_of(bk, self.opts.namespace)
             out = {}
             for name in await _selected(ns, self.opts):
                 idx = await StreamIndex.load(ns, name)
@@ -433,7 +359,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     async def _latest(self, bk: BookKeeper, start: dict[str, str] | None,
                       max_rows: int | None) -> dict[str, str]:
-        ns = await _namespace(bk, self.opts.namespace)
+        ns = await namespace_of(bk, self.opts.namespace)
         names = set(await _selected(ns, self.opts, strict=False))
         start = dict(start or {})
         out: dict[str, str] = {}
@@ -506,7 +432,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     async def _plan(self, bk: BookKeeper, start: dict[str, str],
                     end: dict[str, str]) -> list[AsyncbkPartition]:
-        ns = await _namespace(bk, self.opts.namespace)
+        ns = await namespace_of(bk, self.opts.namespace)
         ranges = []
         for name in sorted(end):
             try:
@@ -555,195 +481,3 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._rt = None
 
 
-# ---------------------------------------------------------------------- writing
-
-
-@dataclass(frozen=True)
-class _RowLayout:
-    data: int
-    data_is_text: bool
-    txid: int | None
-
-
-def _row_layout(schema: StructType | None) -> _RowLayout:
-    """Where ``data`` (binary or string) and the optional ``txid`` are in a row."""
-    if schema is None:
-        return _RowLayout(0, False, None)
-    names = [f.name for f in schema.fields]
-    if "data" not in names:
-        raise SparkOptionError(
-            f"writing to asyncbk needs a column named data (binary or string); the "
-            f"DataFrame has {', '.join(names) or 'no columns'}: select or rename one, e.g. "
-            "df.selectExpr(\"to_json(struct(*)) AS data\")")
-    data = schema.fields[names.index("data")]
-    if not isinstance(data.dataType, (BinaryType, StringType)):
-        raise SparkOptionError(f"column data must be binary or string, not "
-                               f"{data.dataType.simpleString()}: cast it first")
-    txid = None
-    if "txid" in names:
-        field = schema.fields[names.index("txid")]
-        if not isinstance(field.dataType, (LongType, IntegerType)):
-            raise SparkOptionError(f"column txid must be a long (bigint), not "
-                                   f"{field.dataType.simpleString()}")
-        txid = names.index("txid")
-    return _RowLayout(names.index("data"), isinstance(data.dataType, StringType), txid)
-
-
-async def _prepare_stream(bk: BookKeeper, opts: WriteOptions) -> None:
-    """Create the target stream if it is absent."""
-    ns = await _namespace(bk, opts.namespace)
-    if not await ns.stream_exists(opts.stream):
-        try:
-            await ns.create_stream(opts.stream)
-        except BKError as exc:
-            if not await ns.stream_exists(opts.stream):
-                raise SinkCommitError(f"cannot create stream {opts.namespace}/{opts.stream}: "
-                                      f"{exc}") from None
-
-
-def _task_owner(opts: WriteOptions, fallback: str | None) -> tuple[str, int]:
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    partition = ctx.partitionId() if ctx is not None else 0
-    owner = opts.sink_id or fallback
-    if owner is None and ctx is not None:
-        query = ctx.getLocalProperty("sql.streaming.queryId")
-        owner = f"query-{query}" if query else None
-    if owner is None:
-        raise SparkOptionError("a streaming write to asyncbk outside a streaming query needs the "
-                               "option sinkId (the identity its batches are recorded under)")
-    return owner, partition
-
-
-def _write_task(opts: WriteOptions, layout: _RowLayout, rows: Iterator[Any],
-                owner: str, partition: int) -> AsyncbkCommitMessage:
-    """Write a task's rows into a staged ledger; the commit message describes it."""
-    with _TaskLoop(opts.metadata_uri, opts.timeout_s) as tl:
-        assert tl.bk is not None
-        bk = tl.bk
-
-        async def begin() -> tuple[adopt.StagedWriter, int]:
-            ns = await _namespace(bk, opts.namespace)
-            sm = await ns.md.stream(ns.name, opts.stream)
-            writer = adopt.StagedWriter(ns, opts.stream, await ns.stream_config(sm), owner)
-            return writer, await adopt.last_txid(ns, opts.stream) + 1
-
-        writer, base = tl.run(begin())
-
-        async def add(chunk: list[Any]) -> None:
-            for row in chunk:
-                data = row[layout.data]
-                if data is None:
-                    raise SinkCommitError("column data is null in a row: every record needs "
-                                          "bytes (filter nulls out first)")
-                if layout.data_is_text:
-                    data = data.encode()
-                txid = base
-                if layout.txid is not None and row[layout.txid] is not None:
-                    txid = int(row[layout.txid])
-                await writer.add(txid, bytes(data))
-
-        try:
-            chunk: list[Any] = []
-            for row in rows:
-                chunk.append(row)
-                if len(chunk) >= WRITE_CHUNK_ROWS:
-                    tl.run(add(chunk))
-                    chunk = []
-            if chunk:
-                tl.run(add(chunk))
-            staged = tl.run(writer.finish())
-        except BaseException:
-            tl.run(writer.abort())
-            raise
-    return AsyncbkCommitMessage(adopt.staged_to(staged) if staged else None, owner, partition)
-
-
-def _staged(messages: list[Any]) -> list[adopt.StagedLedger]:
-    ok = sorted((m for m in messages if isinstance(m, AsyncbkCommitMessage) and m.staged),
-                key=lambda m: m.partition)
-    return [adopt.staged_from(m.staged) for m in ok if m.staged is not None]
-
-
-class BatchWriter(DataSourceWriter):
-    """``df.write.format("asyncbk")``: all the DataFrame's rows become visible at once,
-    or none.  With the options ``sinkId`` and ``batchId`` (in ``foreachBatch``), a
-    batch id the sink wrote before is not written again."""
-
-    def __init__(self, opts: WriteOptions, layout: _RowLayout) -> None:
-        self.opts = opts
-        self.layout = layout
-        self.owner = opts.sink_id or f"batch-{uuid.uuid4().hex}"
-        run_once(opts.metadata_uri, opts.timeout_s, lambda bk: _prepare_stream(bk, opts))
-
-    def write(self, iterator: Iterator[Any]) -> AsyncbkCommitMessage:
-        _, partition = _task_owner(self.opts, self.owner)
-        return _write_task(self.opts, self.layout, iterator, self.owner, partition)
-
-    def commit(self, messages: list[Any]) -> None:
-        staged = _staged(messages)
-
-        async def commit(bk: BookKeeper) -> None:
-            ns = await _namespace(bk, self.opts.namespace)
-            done = await adopt.adopt(ns, self.opts.stream, staged, sink_id=self.opts.sink_id,
-                                     batch=self.opts.batch_id)
-            if done.replayed:  # sinkId + batchId written before: add nothing twice
-                await adopt.discard(ns, self.opts.stream, [s.ledger_id for s in staged])
-            await adopt.sweep(ns, self.opts.stream, owner=self.owner)
-
-        run_once(self.opts.metadata_uri, self.opts.timeout_s, commit)
-
-    def abort(self, messages: list[Any]) -> None:
-        _discard(self.opts, _staged(messages), self.owner)
-
-
-def _discard(opts: WriteOptions, staged: list[adopt.StagedLedger], owner: str | None) -> None:
-    async def discard(bk: BookKeeper) -> None:
-        ns = await _namespace(bk, opts.namespace)
-        await adopt.discard(ns, opts.stream, [s.ledger_id for s in staged])
-        if owner is not None:
-            await adopt.sweep(ns, opts.stream, owner=owner)
-
-    run_once(opts.metadata_uri, opts.timeout_s, discard)
-
-
-class MicroBatchWriter(DataSourceStreamWriter):
-    """``writeStream.format("asyncbk")``: each micro-batch is appended exactly once,
-    also when Spark replays it (docs/spark.md has the argument)."""
-
-    def __init__(self, opts: WriteOptions, layout: _RowLayout) -> None:
-        self.opts = opts
-        self.layout = layout
-        run_once(opts.metadata_uri, opts.timeout_s, lambda bk: _prepare_stream(bk, opts))
-
-    def write(self, iterator: Iterator[Any]) -> AsyncbkCommitMessage:
-        owner, partition = _task_owner(self.opts, None)
-        return _write_task(self.opts, self.layout, iterator, owner, partition)
-
-    def _owner(self, messages: list[Any]) -> str | None:
-        owners = {m.owner for m in messages if isinstance(m, AsyncbkCommitMessage)}
-        return self.opts.sink_id or (owners.pop() if len(owners) == 1 else None)
-
-    def commit(self, messages: list[Any], batchId: int) -> None:
-        staged = _staged(messages)
-        owner = self._owner(messages)
-        if owner is None:
-            if staged:
-                raise SinkCommitError("the tasks of one batch named different sinks; set the "
-                                      "option sinkId")
-            return  # an empty batch: nothing to add, nothing to record
-
-        async def commit(bk: BookKeeper) -> None:
-            ns = await _namespace(bk, self.opts.namespace)
-            done = await adopt.adopt(ns, self.opts.stream, staged, sink_id=owner, batch=batchId)
-            if done.replayed:  # committed before Spark could record it: add nothing twice
-                await adopt.discard(ns, self.opts.stream, [s.ledger_id for s in staged])
-                _log.info("batch committed before; its replay adds nothing",
-                          stream=self.opts.stream, batch=batchId, last=done.last_batch)
-            await adopt.sweep(ns, self.opts.stream, owner=owner)
-
-        run_once(self.opts.metadata_uri, self.opts.timeout_s, commit)
-
-    def abort(self, messages: list[Any], batchId: int) -> None:
-        _discard(self.opts, _staged(messages), self._owner(messages))
