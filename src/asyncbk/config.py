@@ -81,6 +81,18 @@ class BookieConfig:
     # shutdown
     drain_timeout_s: float = 10.0
 
+    # security: TLS on the bookie protocol, token authentication
+    tls_cert_file: str = ""
+    """PEM certificate (chain) of the bookie: with ``tls_key_file``, connections are TLS."""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    """CA that signs client certificates (checked when a client presents one)."""
+    tls_require_client_cert: bool = False
+    auth_tokens_file: str = ""
+    """Tokens a client must present (AUTH) before any request is served; one per line."""
+    auth_timeout_s: float = 10.0
+    """How long a connection may stay unauthenticated (and a TLS handshake may take)."""
+
     # HTTP admin (/metrics, /healthz, /api/v1/bookie/...)
     http_enabled: bool = False
     http_host: str = "127.0.0.1"
@@ -96,6 +108,14 @@ class BookieConfig:
                         "register_retry_s_max", "connection_write_buffer_bytes_high")
         if self.journal_group_wait_ms_max < 0:
             raise ConfigError("journal_group_wait_ms_max must be >= 0")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("TLS needs both tls_cert_file and tls_key_file "
+                              "(--tls-cert and --tls-key)")
+        if self.tls_require_client_cert and not (self.tls_cert_file and self.tls_ca_file):
+            raise ConfigError("tls_require_client_cert needs TLS (--tls-cert, --tls-key) and "
+                              "the CA of the clients' certificates (--tls-ca)")
+        if self.auth_timeout_s <= 0:
+            raise ConfigError("auth_timeout_s must be > 0")
         for name in ("minor_compaction_threshold", "major_compaction_threshold"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in 0..1")

@@ -29,6 +29,7 @@ from ..errors import BKError, ConfigError
 from ..log import get_logger
 from ..meta.api import MetadataStore
 from ..meta.uri import open_metadata_store, parse_metadata_uri
+from ..net.security import load_tokens, server_context
 from ..net.server import BookieListener
 from .cookie import DirectoryLock, check_or_format
 from .gc import GarbageCollector
@@ -102,6 +103,11 @@ class BookieServer:
                 write_buffer_bytes_high=cfg.connection_write_buffer_bytes_high,
                 connections_max=cfg.connections_max,
                 log=self.log,
+                ssl_context=server_context(cfg.tls_cert_file, cfg.tls_key_file,
+                                           cfg.tls_ca_file, cfg.tls_require_client_cert)
+                if cfg.tls_cert_file else None,
+                tokens=load_tokens(cfg.auth_tokens_file) if cfg.auth_tokens_file else None,
+                auth_timeout_s=cfg.auth_timeout_s,
             )
             await self.listener.start(cfg.host, cfg.port)
             info: dict[str, Any] = {"version": __version__}

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from .._version import __version__
 from ..errors import BKError, ConfigError
 from . import argtypes
+from .security import add_client_security_options, client_security
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
@@ -225,6 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--autorecovery", action="store_true",
                    help="also run auto-recovery (auditor candidate + replication worker) in "
                    "this process")
+    p.add_argument("--tls-cert", metavar="FILE",
+                   help="serve the bookie protocol over TLS with this certificate (PEM)")
+    p.add_argument("--tls-key", metavar="FILE", help="the key of --tls-cert (PEM)")
+    p.add_argument("--tls-ca", metavar="FILE",
+                   help="CA of client certificates (PEM); also what in-process "
+                   "auto-recovery checks other bookies against")
+    p.add_argument("--tls-require-client-cert", action="store_true", default=None,
+                   help="refuse clients without a certificate signed by --tls-ca (mutual TLS)")
+    p.add_argument("--auth-tokens-file", metavar="FILE",
+                   help="accept requests only from connections that authenticate with one of "
+                   "the tokens in this file (one per line)")
     _add_autorecovery_options(p)
     _add_log_options(p)
 
@@ -239,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=_port,
                    help="serve /healthz, /metrics and /api/v1/autorecovery/... on this port")
     p.add_argument("--http-host", default="127.0.0.1", help="address of the HTTP endpoint")
+    add_client_security_options(p)
     _add_autorecovery_options(p)
     _add_log_options(p)
 
@@ -312,6 +325,12 @@ def cmd_bookie(args: argparse.Namespace) -> int:
         v = getattr(args, opt)
         if v is not None:
             values[opt] = v
+    for opt, key in (("tls_cert", "tls_cert_file"), ("tls_key", "tls_key_file"),
+                     ("tls_ca", "tls_ca_file"), ("auth_tokens_file", "auth_tokens_file"),
+                     ("tls_require_client_cert", "tls_require_client_cert")):
+        v = getattr(args, opt)
+        if v is not None:
+            values[key] = v
     if args.http_port is not None:
         values["http_enabled"] = True
     for required, flag in (("metadata_uri", "--metadata-uri"), ("port", "--port"),
@@ -329,7 +348,7 @@ def cmd_bookie(args: argparse.Namespace) -> int:
         from ..autorecovery.service import AutoRecovery
         from ..client.client import BookKeeper
 
-        bk = await BookKeeper.connect(config.metadata_uri)
+        bk = await BookKeeper.connect(config.metadata_uri, **_bookie_client_security(config))
         ar = AutoRecovery(bk, ar_config, process_id=f"bookie-{server.bookie_id}",
                           owns_client=True)
         server.http_extra_routes.extend(routes(ar))
@@ -337,6 +356,18 @@ def cmd_bookie(args: argparse.Namespace) -> int:
         return ar
 
     return _run(lambda: run_bookie(config, companion_factory=companion))
+
+
+def _bookie_client_security(config: Any) -> dict[str, Any]:
+    """What a bookie's in-process client presents to other bookies: its own CA and
+    certificate, and the first of its tokens."""
+    from ..net.security import client_context, load_tokens
+
+    ctx = client_context(config.tls_ca_file, config.tls_cert_file, config.tls_key_file) \
+        if config.tls_cert_file else None
+    token = load_tokens(config.auth_tokens_file)[0].decode() if config.auth_tokens_file \
+        else None
+    return {"ssl": ctx, "token": token}
 
 
 def cmd_autorecovery(args: argparse.Namespace) -> int:
@@ -357,7 +388,7 @@ def cmd_autorecovery(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        bk = await BookKeeper.connect(args.metadata_uri)
+        bk = await BookKeeper.connect(args.metadata_uri, **client_security(args))
         ar = AutoRecovery(bk, ar_config, process_id=args.id, owns_client=True)
         http = None
         try:

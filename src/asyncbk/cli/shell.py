@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BKError
+from .security import add_client_security_options, client_security
 
 
 def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], None]) -> None:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--metadata-uri", required=True, help="etcd://host:port[,...]/<root>")
+        add_client_security_options(p)
         add_log_options(p)
         return p
 
@@ -362,7 +364,7 @@ def run_shell(args: argparse.Namespace, run: Callable[..., int],
         return _lastmark(args)
 
     async def go() -> int:
-        async with await BookKeeper.connect(args.metadata_uri) as bk:
+        async with await BookKeeper.connect(args.metadata_uri, **client_security(args)) as bk:
             cmd = args.shell_command
             if cmd != "bookieformat":  # that one must work with every bookie down
                 await _require_cluster(bk, args.metadata_uri)

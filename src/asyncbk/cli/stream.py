@@ -56,6 +56,7 @@ from ..stream.meta import (
 )
 from ..stream.position import Position
 from . import argtypes
+from .security import add_client_security_options, client_security
 
 STDIN_CHUNK_BYTES = 1 << 20
 """How much of stdin ``write`` reads at once."""
@@ -144,6 +145,7 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
             formatter_class=formatter)
         p.add_argument("--metadata-uri", required=True,
                        help="required: the cluster, etcd://host:port[,host:port...]/<root>")
+        add_client_security_options(p)
         add_log_options(p)
         return p
 
@@ -636,7 +638,7 @@ async def _run(args: argparse.Namespace) -> int:
     from .shell import _require_cluster
 
     cmd = args.stream_command
-    async with await BookKeeper.connect(args.metadata_uri) as bk:
+    async with await BookKeeper.connect(args.metadata_uri, **client_security(args)) as bk:
         await _require_cluster(bk, args.metadata_uri)
         if cmd == "namespaces":
             async for name in bk.list_namespaces():

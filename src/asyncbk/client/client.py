@@ -7,6 +7,7 @@ import builtins
 import contextlib
 import hmac
 import random
+import ssl as ssl_module
 import time
 from collections.abc import AsyncIterator, Callable, Collection
 from types import TracebackType
@@ -102,7 +103,8 @@ class BookKeeper:
     """A connected asyncbk client (see the README).  Use ``await BookKeeper.connect(uri)``."""
 
     def __init__(self, meta: MetadataStore, config: ClientConfig, *,
-                 connector: Connector | None = None, rng: random.Random | None = None) -> None:
+                 connector: Connector | None = None, rng: random.Random | None = None,
+                 ssl: ssl_module.SSLContext | None = None, token: str | None = None) -> None:
         self.meta = meta
         self.config = config
         self.bookie_client = BookieClient(
@@ -111,7 +113,8 @@ class BookKeeper:
             connect_timeout_s=config.connect_timeout_s,
             reconnect_backoff_s_max=config.reconnect_backoff_s_max,
             write_buffer_bytes_max=config.connection_write_buffer_bytes_max,
-            connector=connector or tcp_connector(config.bookie_addresses),
+            connector=connector or tcp_connector(config.bookie_addresses, ssl),
+            token=token.encode() if token is not None else None,
         )
         self.placement = RandomPlacement(rng)
         self.quarantine = Quarantine(config.bookie_quarantine_s)
@@ -155,12 +158,18 @@ class BookKeeper:
         return healthy
 
     @classmethod
-    async def connect(cls, metadata_uri: str, **options: Any) -> Self:
+    async def connect(cls, metadata_uri: str, *, ssl: ssl_module.SSLContext | None = None,
+                      token: str | None = None, **options: Any) -> Self:
         """Connect to the cluster whose metadata lives at ``metadata_uri``
-        (``etcd://host:port[,host:port...]/<root>``).  ``options`` are ClientConfig fields."""
+        (``etcd://host:port[,host:port...]/<root>``).  ``ssl``: TLS to the bookies (a
+        client context: the CA that signed them, and this client's certificate where
+        they require one); ``token``: what bookies started with ``--auth-tokens-file``
+        ask for.  ``options`` are ClientConfig fields."""
+        if token is not None and (not isinstance(token, str) or not token):
+            raise TypeError("token must be a non-empty str")
         config = from_mapping(ClientConfig, options, "BookKeeper.connect options")
         meta = await open_metadata_store(metadata_uri, timeout_s=config.metadata_timeout_s)
-        bk = cls(meta, config)
+        bk = cls(meta, config, ssl=ssl, token=token)
         bk.bookies.start()
         return bk
 

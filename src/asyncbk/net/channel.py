@@ -22,6 +22,7 @@ import builtins
 import contextlib
 import itertools
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
@@ -32,11 +33,13 @@ from ..errors import (
     ProtocolError,
     TimeoutError,
     TooManyRequestsError,
+    UnauthorizedAccessError,
 )
 from ..log import get_logger
 from ..proto import (
     AddBatchResponse,
     AddResponse,
+    AuthRequest,
     FrameDecoder,
     Op,
     Request,
@@ -56,14 +59,21 @@ Connector = Callable[[BookieId, Callable[[], asyncio.Protocol]], Awaitable[Any]]
 (TCP by default; the simulator and fault proxies plug in their own)."""
 
 
-def tcp_connector(address_map: dict[BookieId, str] | None = None) -> Connector:
+def tcp_connector(address_map: dict[BookieId, str] | None = None,
+                  ssl_context: ssl.SSLContext | None = None) -> Connector:
     """Connect over TCP to the bookie id's ``host:port`` (or its entry in ``address_map``,
-    e.g. a fault-injecting proxy in front of it)."""
+    e.g. a fault-injecting proxy in front of it); over TLS with ``ssl_context``, the
+    bookie's certificate checked against the host of its id (unless the context turns
+    hostname checks off)."""
     overrides = dict(address_map or {})
 
     async def connect(bookie_id: BookieId, factory: Callable[[], asyncio.Protocol]) -> Any:
         host, port = parse_bookie_id(overrides.get(bookie_id, bookie_id))
-        return await asyncio.get_running_loop().create_connection(factory, host, port)
+        if ssl_context is None:
+            return await asyncio.get_running_loop().create_connection(factory, host, port)
+        return await asyncio.get_running_loop().create_connection(
+            factory, host, port, ssl=ssl_context,
+            server_hostname=parse_bookie_id(bookie_id)[0])
 
     return connect
 
@@ -126,8 +136,10 @@ class BookieChannel(asyncio.Protocol):
         reconnect_backoff_s_max: float,
         write_buffer_bytes_max: int = 64 * 1024 * 1024,
         connector: Connector | None = None,
+        token: bytes | None = None,
     ) -> None:
         self.bookie_id = bookie_id
+        self._token = token
         self._write_buffer_bytes_max = write_buffer_bytes_max
         self._connector = connector or tcp_connector()
         self._frame_bytes_max = frame_bytes_max
@@ -311,8 +323,23 @@ class BookieChannel(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._token is not None:
+            # First on the wire: the bookie handles it before anything queued behind it.
+            request_id = self.next_request_id()
+            self._pending[request_id] = _Pending(self._auth_answered,
+                                                 self._loop.time() + self._connect_timeout_s,
+                                                 Op.AUTH)
+            transport.write(encode_request(AuthRequest(request_id, self._token)))
         if self._unsent or self._adds:
             self._flush()
+
+    def _auth_answered(self, result: Response | BKError) -> None:
+        if isinstance(result, BKError) or result.status == Status.OK:
+            return
+        self._last_error = UnauthorizedAccessError(
+            f"bookie {self.bookie_id} refused this client's token: check the token the "
+            "client was given against the bookie's --auth-tokens-file")
+        self._log.warning("bookie refused the client's token")
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -484,6 +511,7 @@ class BookieClient:
         reconnect_backoff_s_max: float,
         write_buffer_bytes_max: int = 64 * 1024 * 1024,
         connector: Connector | None = None,
+        token: bytes | None = None,
     ) -> None:
         self._kw: dict[str, Any] = dict(
             frame_bytes_max=frame_bytes_max,
@@ -492,6 +520,7 @@ class BookieClient:
             reconnect_backoff_s_max=reconnect_backoff_s_max,
             write_buffer_bytes_max=write_buffer_bytes_max,
             connector=connector,
+            token=token,
         )
         self._channels: dict[BookieId, BookieChannel] = {}
         self._closed = False

@@ -7,7 +7,13 @@ Each connection decodes frames as they arrive and hands every request to a
 coalesced into one ``transport.write`` per loop turn.
 
 A malformed or oversized frame closes that one connection (the reason is
-logged with the peer); other connections are untouched.  Flow control: when
+logged with the peer); other connections are untouched.
+
+With ``tokens``, a connection must authenticate first: an AUTH request with one
+of the tokens (compared in constant time).  Until then every request is answered
+UNAUTHORIZED and nothing reaches the handler; a wrong token, too many refused
+requests, or no AUTH within ``auth_timeout_s`` closes the connection.  With
+``ssl``, connections are TLS (a handshake is bounded by the same timeout).  Flow control: when
 the socket's write buffer passes its high-water mark, or the handler asks for
 backpressure, the connection stops reading until it drains.
 """
@@ -16,12 +22,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import socket
+import ssl
+from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
 from ..errors import ProtocolError
 from ..log import get_logger
-from ..proto import FrameDecoder, Request, Response, decode_request, encode_response
+from ..proto import (
+    AuthRequest,
+    AuthResponse,
+    FrameDecoder,
+    Request,
+    Response,
+    Status,
+    decode_request,
+    encode_response,
+    refusal,
+)
+
+AUTH_REFUSALS_MAX = 16
+"""Requests refused UNAUTHORIZED on one connection before it is closed."""
+
+
+def token_matches(given: bytes, tokens: Sequence[bytes]) -> bool:
+    """Whether ``given`` is one of ``tokens``: every token compared, in constant time."""
+    found = False
+    for token in tokens:
+        found |= hmac.compare_digest(given, token)
+    return found
 
 
 class RequestHandler(Protocol):
@@ -44,6 +74,9 @@ class ServerConnection(asyncio.Protocol):
         self.peer = "?"
         self._log: Any = server.log
         self.closed = False
+        self.authenticated = server.tokens is None
+        self._refused = 0
+        self._auth_timer: asyncio.TimerHandle | None = None
 
     # ---- called by the handler
 
@@ -92,20 +125,65 @@ class ServerConnection(asyncio.Protocol):
             transport.abort()
             return
         self._server.connections.add(self)
+        if not self.authenticated:
+            self._auth_timer = self._loop.call_later(self._server.auth_timeout_s,
+                                                     self._auth_timed_out)
 
     def data_received(self, data: bytes) -> None:
         try:
             bodies = self._decoder.feed(data)
             handle = self._handler.handle
             for body in bodies:
-                handle(decode_request(body), self)
+                request = decode_request(body)
+                if self.authenticated and type(request) is not AuthRequest:
+                    handle(request, self)
+                elif not self._gate(request):
+                    return
         except ProtocolError as exc:
             self._log.warning("malformed request, closing connection", reason=str(exc))
             self._server.protocol_errors += 1
             if self._transport is not None:
                 self._transport.abort()
 
+    def _gate(self, request: Request) -> bool:
+        """AUTH, or a request before it; False once the connection is being closed."""
+        server = self._server
+        if isinstance(request, AuthRequest):
+            ok = server.tokens is None or token_matches(request.token, server.tokens)
+            self.respond(AuthResponse(request.request_id, Status.OK if ok
+                                      else Status.UNAUTHORIZED))
+            if ok:
+                self.authenticated = True
+                if self._auth_timer is not None:
+                    self._auth_timer.cancel()
+                    self._auth_timer = None
+                return True
+            server.auth_failures += 1
+            self._log.warning("authentication failed (wrong token), closing connection")
+            self.close()
+            return False
+        self.respond(refusal(request, Status.UNAUTHORIZED))
+        self._refused += 1
+        if self._refused >= AUTH_REFUSALS_MAX:
+            server.auth_failures += 1
+            self._log.warning("requests without authentication, closing connection",
+                              refused=self._refused)
+            self.close()
+            return False
+        return True
+
+    def _auth_timed_out(self) -> None:
+        self._auth_timer = None
+        if not self.authenticated and self._transport is not None:
+            self._server.auth_failures += 1
+            self._log.warning("no authentication in time, closing connection",
+                              timeout_s=self._server.auth_timeout_s)
+            self.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
         self.closed = True
         self._transport = None
         self._out.clear()
@@ -137,8 +215,16 @@ class BookieListener:
         write_buffer_bytes_high: int,
         connections_max: int,
         log: Any = None,
+        ssl_context: ssl.SSLContext | None = None,
+        tokens: Sequence[bytes] | None = None,
+        auth_timeout_s: float = 10.0,
     ) -> None:
         self.handler = handler
+        self.ssl_context = ssl_context
+        self.tokens = list(tokens) if tokens is not None else None
+        self.auth_timeout_s = auth_timeout_s
+        self.auth_failures = 0
+        """Connections closed for a wrong token, no token in time, or too many refusals."""
         self.frame_bytes_max = frame_bytes_max
         self.write_buffer_bytes_high = write_buffer_bytes_high
         self.connections_max = connections_max
@@ -150,8 +236,11 @@ class BookieListener:
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port (useful with port 0)."""
         loop = asyncio.get_running_loop()
+        tls: dict[str, Any] = {}
+        if self.ssl_context is not None:
+            tls = {"ssl": self.ssl_context, "ssl_handshake_timeout": self.auth_timeout_s}
         self._server = await loop.create_server(
-            lambda: ServerConnection(self), host, port, reuse_address=True, backlog=1024
+            lambda: ServerConnection(self), host, port, reuse_address=True, backlog=1024, **tls
         )
         sockets = self._server.sockets
         return int(sockets[0].getsockname()[1])

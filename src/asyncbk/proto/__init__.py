@@ -8,6 +8,8 @@ from .messages import (
     AddFlag,
     AddRequest,
     AddResponse,
+    AuthRequest,
+    AuthResponse,
     BookieInfoRequest,
     BookieInfoResponse,
     LongPollLacRequest,
@@ -34,14 +36,15 @@ from .messages import (
     encode_add_response,
     encode_request,
     encode_response,
+    refusal,
 )
 
 __all__ = [
-    "FRAME_HEADER_BYTES", "PROTOCOL_VERSION", "AddBatchRequest", "AddBatchResponse", "AddFlag", "AddRequest", "AddResponse",
+    "FRAME_HEADER_BYTES", "PROTOCOL_VERSION", "AddBatchRequest", "AddBatchResponse", "AddFlag", "AddRequest", "AddResponse", "AuthRequest", "AuthResponse",
     "BookieInfoRequest", "BookieInfoResponse", "FrameDecoder", "LongPollLacRequest",
     "LongPollLacResponse", "Op", "ReadBatchRequest", "ReadBatchResponse", "ReadFlag", "ReadLacRequest", "ReadLacResponse",
     "ReadRequest", "ReadResponse", "Request", "Response", "Status", "WriteLacRequest",
     "WriteLacResponse", "add_request_frame", "add_request_tail", "decode_request",
     "decode_response", "encode_add_batch_request", "encode_add_batch_response",
-    "encode_add_response", "encode_frame", "encode_request", "encode_response",
+    "encode_add_response", "encode_frame", "encode_request", "encode_response", "refusal",
 ]

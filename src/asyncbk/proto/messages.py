@@ -44,6 +44,7 @@ class Op(enum.IntEnum):
     BOOKIE_INFO = 6
     READ_BATCH = 7
     ADD_BATCH = 8
+    AUTH = 9
 
 
 class Status(enum.IntEnum):
@@ -156,9 +157,21 @@ class BookieInfoRequest:
     request_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class AuthRequest:
+    """The first request on a connection to a bookie that requires a token: every
+    other request before a successful AUTH is refused with UNAUTHORIZED."""
+    OP: ClassVar[Op] = Op.AUTH
+    request_id: int
+    token: bytes
+
+    def __repr__(self) -> str:  # the token never reaches a log line
+        return f"AuthRequest(request_id={self.request_id}, token=<{len(self.token)} bytes>)"
+
+
 Request: TypeAlias = (
     AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | LongPollLacRequest
-    | BookieInfoRequest | ReadBatchRequest | AddBatchRequest
+    | BookieInfoRequest | ReadBatchRequest | AddBatchRequest | AuthRequest
 )
 
 # ---------------------------------------------------------------- responses
@@ -250,9 +263,16 @@ class BookieInfoResponse:
     version: str
 
 
+@dataclass(frozen=True, slots=True)
+class AuthResponse:
+    OP: ClassVar[Op] = Op.AUTH
+    request_id: int
+    status: int
+
+
 Response: TypeAlias = (
     AddResponse | ReadResponse | ReadLacResponse | WriteLacResponse | LongPollLacResponse
-    | BookieInfoResponse | ReadBatchResponse | AddBatchResponse
+    | BookieInfoResponse | ReadBatchResponse | AddBatchResponse | AuthResponse
 )
 
 # ---------------------------------------------------------------- codec
@@ -260,12 +280,12 @@ Response: TypeAlias = (
 _REQUESTS: dict[int, type[Any]] = {
     c.OP: c
     for c in (AddRequest, ReadRequest, ReadLacRequest, WriteLacRequest, LongPollLacRequest,
-              BookieInfoRequest, ReadBatchRequest, AddBatchRequest)
+              BookieInfoRequest, ReadBatchRequest, AddBatchRequest, AuthRequest)
 }
 _RESPONSES: dict[int, type[Any]] = {
     c.OP: c
     for c in (AddResponse, ReadResponse, ReadLacResponse, WriteLacResponse, LongPollLacResponse,
-              BookieInfoResponse, ReadBatchResponse, AddBatchResponse)
+              BookieInfoResponse, ReadBatchResponse, AddBatchResponse, AuthResponse)
 }
 
 
@@ -445,3 +465,23 @@ def decode_response(body: bytes) -> Response:
             return AddResponse(rid, status, lid, eid)
     msg: Response = _unpack(body, _RESPONSES, "response")
     return msg
+
+
+_DEFAULTS: dict[type, Any] = {int: -1, bytes: b"", str: "", list: [], _IntList: []}
+
+
+def refusal(request: Request, status: Status) -> Response:
+    """The answer to ``request`` that only says ``status`` (its other fields copied
+    from the request where they share a name, else empty)."""
+    cls = _RESPONSES[request.OP]
+    values: dict[str, Any] = {}
+    for name, kind in _SCHEMA[cls]:
+        if name == "status":
+            values[name] = int(status)
+        elif name == "statuses":
+            values[name] = [int(status)] * len(getattr(request, "entry_ids", []))
+        elif hasattr(request, name):
+            values[name] = getattr(request, name)
+        else:
+            values[name] = _DEFAULTS[kind]
+    return cast(Response, cls(**values))
