@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 import sys
 import tempfile
 from pathlib import Path
@@ -41,6 +42,7 @@ from .process import (
     kill_leftovers,
     process_start_time,
 )
+from .tls import LocalTLS, write_tokens
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -252,7 +254,7 @@ class LocalAutoRecovery(_ChildProcess):
                "--http-port", str(self.http_port)]
         for k, v in self.options.items():
             cmd += [f"--{k.replace('_', '-')}", str(v)]
-        return cmd
+        return cmd + self.cluster.client_options()
 
     async def start(self) -> None:
         await self._spawn(self.command(), self.cluster.child_env(),
@@ -279,9 +281,14 @@ class LocalCluster:
         etcd_port_preferred: int | None = None,
         bookie_ports: list[int] | None = None,
         owner: str = "a LocalCluster",
+        tls: bool = False,
+        auth_token: str | None = None,
     ) -> None:
         if bookies < 0:
             raise ValueError("bookies must be >= 0")
+        if auth_token is not None and (not isinstance(auth_token, str) or not auth_token.strip()
+                                       or any(c.isspace() for c in auth_token)):
+            raise ValueError("auth_token must be a non-empty str without whitespace")
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if data_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="asyncbk-")
@@ -301,6 +308,11 @@ class LocalCluster:
         self._clients: list[BookKeeper] = []
         self._dir_lock = DataDirLock(self.data_dir, owner)
         self._recording = asyncio.Lock()  # one writer of the state file at a time
+        self.tls_enabled = tls
+        self.tls: LocalTLS | None = None
+        """The cluster's certificates (made at start) when ``tls``."""
+        self.auth_token = auth_token
+        """The token bookies require (None: no authentication)."""
         self.notes: list[str] = []
         """What start() chose differently than asked or expected, and leftovers it
         cleaned up, as sentences for the user."""
@@ -310,6 +322,38 @@ class LocalCluster:
         if self.etcd is None:
             raise RuntimeError("cluster not started")
         return self.etcd.uri(self.root)
+
+    def client_ssl_context(self) -> ssl.SSLContext | None:
+        """What a client passes as ``ssl`` to ``BookKeeper.connect`` (None without TLS)."""
+        return self.tls.client_context() if self.tls is not None else None
+
+    def client_security(self) -> dict[str, Any]:
+        """``ssl`` and ``token`` for ``BookKeeper.connect``."""
+        return {"ssl": self.client_ssl_context(), "token": self.auth_token}
+
+    def _prepare_security(self) -> None:
+        """Certificates and the tokens file, and the bookie settings that use them."""
+        sec = self.data_dir / "tls"
+        if self.tls_enabled:
+            self.tls = LocalTLS.make(sec)
+            self.bookie_config.update(
+                tls_cert_file=str(self.tls.server_cert), tls_key_file=str(self.tls.server_key),
+                tls_ca_file=str(self.tls.ca), tls_require_client_cert=True)
+        if self.auth_token is not None:
+            sec.mkdir(parents=True, exist_ok=True)
+            write_tokens(sec / "tokens", [self.auth_token])
+            self.bookie_config["auth_tokens_file"] = str(sec / "tokens")
+
+    def client_options(self) -> list[str]:
+        """Command-line options of an asyncbk client command (shell, stream,
+        autorecovery) for this cluster's TLS and token (the token by file)."""
+        out: list[str] = []
+        if self.tls is not None:
+            out += ["--tls-ca", str(self.tls.ca), "--tls-cert", str(self.tls.client_cert),
+                    "--tls-key", str(self.tls.client_key)]
+        if self.auth_token is not None:
+            out += ["--auth-token-file", str(self.data_dir / "tls" / "tokens")]
+        return out
 
     def child_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -399,6 +443,7 @@ class LocalCluster:
         await asyncio.to_thread(self._take_data_dir)
         try:
             await asyncio.to_thread(self._load_layout)
+            await asyncio.to_thread(self._prepare_security)
             port = await asyncio.to_thread(self._choose_etcd_port)
             self.etcd = EtcdServer(self.data_dir / "etcd", port=port)
             await self.etcd.start()
@@ -433,7 +478,7 @@ class LocalCluster:
 
     async def client(self, **options: Any) -> BookKeeper:
         """A connected client, closed when the cluster stops."""
-        bk = await BookKeeper.connect(self.metadata_uri, **options)
+        bk = await BookKeeper.connect(self.metadata_uri, **{**self.client_security(), **options})
         self._clients.append(bk)
         return bk
 

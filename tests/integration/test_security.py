@@ -1,0 +1,198 @@
+"""TLS and token authentication with real processes: a cluster with TLS (mutual)
+and a token end to end, and every way in without the right credentials refused.
+
+Certificates are made on the fly (``trustme``); no key is committed."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trustme
+
+from asyncbk.client.client import BookKeeper
+from asyncbk.errors import BKError
+from asyncbk.net.security import client_context
+from asyncbk.proto import (
+    AuthRequest,
+    AuthResponse,
+    FrameDecoder,
+    ReadRequest,
+    ReadResponse,
+    Status,
+    decode_response,
+    encode_request,
+)
+from asyncbk.testing import LocalCluster
+from asyncbk.types import parse_bookie_id
+
+from .clitools import cli_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("loop_errors")]
+
+TOKEN = "tok-3f9a1c"
+FAST = {"lost_bookie_delay": 2, "audit_interval": 5, "open_ledger_grace": 3, "rate": 0}
+
+
+@pytest.fixture
+async def secure(tmp_path: Path):  # type: ignore[no-untyped-def]
+    async with LocalCluster(bookies=4, data_dir=tmp_path / "cluster", tls=True,
+                            auth_token=TOKEN) as c:
+        yield c
+
+
+async def _refused(bk: BookKeeper, ledger_id: int) -> None:
+    """Reading ``ledger_id`` through ``bk`` fails, bounded, and returns no data."""
+    async with asyncio.timeout(30):
+        with pytest.raises(BKError):
+            rh = await bk.open_ledger(ledger_id, recovery=False)
+            await rh.read_unconfirmed(0, 0)
+
+
+async def _exchange(host: str, port: int, ctx: ssl.SSLContext,
+                    requests: list[bytes]) -> tuple[list[object], bool]:
+    """Send raw frames over TLS; the decoded answers, and whether the bookie closed."""
+    reader, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname=host)
+    try:
+        for frame in requests:
+            writer.write(frame)
+        await writer.drain()
+        decoder = FrameDecoder(1 << 20)
+        answers: list[object] = []
+        closed = False
+        async with asyncio.timeout(15):
+            while len(answers) < len(requests):
+                data = await reader.read(65536)
+                if not data:
+                    closed = True
+                    break
+                answers += [decode_response(b) for b in decoder.feed(data)]
+            if not closed:
+                with pytest.raises((TimeoutError, ConnectionError)):
+                    async with asyncio.timeout(1):
+                        closed = not await reader.read(1)
+                        raise ConnectionError
+        return answers, closed
+    finally:
+        writer.close()
+
+
+async def test_a_tls_cluster_with_a_token_works_end_to_end(secure: LocalCluster) -> None:
+    """Writes, reads, recovery, streams and auto-recovery over mutual TLS with a token;
+    the token is in no process's arguments and no log."""
+    bk = await secure.client()
+    lh = await bk.create_ledger(3, 2, 2, password=b"pw")
+    data = [b"entry %d" % i for i in range(300)]
+    await asyncio.gather(*(lh.append(d) for d in data))
+    other = await secure.client()
+    rh = await other.open_ledger(lh.id, password=b"pw")  # recovery: fences the writer
+    assert [e.data for e in await rh.read(0, 299)] == data
+    ns = await bk.namespace("sec", create=True, ensemble_size=3, write_quorum=2, ack_quorum=2)
+    await ns.create_stream("s")
+    async with await ns.open_writer("s") as w:
+        await w.write(b"over tls")
+    async with await ns.open_reader("s") as r:
+        assert (await r.read_next()).data == b"over tls"
+    # auto-recovery (its own process, with the cluster's client TLS and token file)
+    md = await bk.ledger_metadata(lh.id)
+    victim = next(b for b in secure.bookies if b.id == md.ensembles[0][1][0])
+    await secure.start_autorecovery(**FAST)
+    victim.kill()
+    async with asyncio.timeout(90):
+        while victim.id in (await bk.ledger_metadata(lh.id)).all_bookies():  # noqa: ASYNC110
+            await asyncio.sleep(0.5)
+    rh = await (await secure.client()).open_ledger(lh.id, password=b"pw")
+    assert [e.data for e in await rh.read(0, 299)] == data
+
+    def token_shown() -> list[str]:
+        cmdlines = [Path(f"/proc/{p.pid}/cmdline").read_text()
+                    for p in [*secure.bookies, *secure.autorecovery] if p.running]
+        logs = [p.read_text(errors="replace") for p in secure.data_dir.rglob("*.log")]
+        assert cmdlines and logs
+        return [text for text in cmdlines + logs if TOKEN in text]
+
+    assert await asyncio.to_thread(token_shown) == []
+
+
+async def test_clients_without_the_right_credentials_get_nothing(secure: LocalCluster,
+                                                                tmp_path: Path) -> None:
+    """No token, a wrong token, no TLS, no client certificate, or a certificate of
+    another CA: each is refused and reads nothing; the cluster keeps serving."""
+    bk = await secure.client()
+    lh = await bk.create_ledger(3, 3, 2)
+    await lh.append(b"secret data")
+    await lh.close()
+    assert secure.tls is not None
+    good = secure.client_ssl_context()
+    other_ca = trustme.CA()
+    stranger = other_ca.issue_cert("asyncbk-client")
+    stranger_files = []
+    for name, blob in (("cert.pem", stranger.cert_chain_pems[0].bytes()),
+                       ("key.pem", stranger.private_key_pem.bytes())):
+        (tmp_path / name).write_bytes(blob)
+        stranger_files.append(str(tmp_path / name))
+    attempts = {
+        "no token": {"ssl": good},
+        "wrong token": {"ssl": good, "token": "not-" + TOKEN},
+        "no TLS": {"token": TOKEN},
+        "no client certificate": {"ssl": client_context(str(secure.tls.ca)), "token": TOKEN},
+        "certificate of another CA": {"ssl": client_context(str(secure.tls.ca),
+                                                            *stranger_files), "token": TOKEN},
+    }
+    for what, security in attempts.items():
+        intruder = await BookKeeper.connect(secure.metadata_uri, **security)  # type: ignore[arg-type]
+        try:
+            await _refused(intruder, lh.id)
+        except AssertionError:
+            raise AssertionError(f"{what}: the read was not refused") from None
+        finally:
+            await intruder.close()
+    rh = await bk.open_ledger(lh.id)
+    assert [e.data for e in await rh.read(0, 0)] == [b"secret data"]
+
+
+async def test_the_bookie_refuses_requests_before_auth_and_closes(secure: LocalCluster) -> None:
+    """On the wire: requests before AUTH are answered UNAUTHORIZED with no data, and
+    the 16th closes the connection; a wrong token closes it at once; the right one
+    opens it."""
+    bk = await secure.client()
+    lh = await bk.create_ledger(3, 3, 2)
+    await lh.append(b"secret data")
+    host, port = parse_bookie_id(lh.metadata.ensembles[0][1][0])  # holds entry 0
+    ctx = secure.client_ssl_context()
+    assert ctx is not None
+    reads = [encode_request(ReadRequest(i, lh.id, 0, 0, b"")) for i in range(1, 17)]
+    answers, closed = await _exchange(host, port, ctx, reads)
+    assert closed and len(answers) == 16
+    assert all(isinstance(a, ReadResponse) and a.status == Status.UNAUTHORIZED and not a.body
+               for a in answers)
+    wrong = [encode_request(AuthRequest(1, b"nope")), reads[1]]
+    answers, closed = await _exchange(host, port, ctx, wrong)
+    assert closed and answers == [AuthResponse(1, Status.UNAUTHORIZED)]
+    right = [encode_request(AuthRequest(1, TOKEN.encode())), reads[1]]
+    answers, _ = await _exchange(host, port, ctx, right)
+    assert answers[0] == AuthResponse(1, Status.OK)
+    assert isinstance(answers[1], ReadResponse) and answers[1].body  # served
+
+
+async def test_the_shell_needs_the_tls_options_and_the_token_file(secure: LocalCluster) -> None:
+    """``asyncbk shell listbookies`` answers with the cluster's client options and is
+    refused without them (the token from a file, never argv)."""
+    def shell(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "asyncbk", "shell", "listbookies",
+                               "--metadata-uri", secure.metadata_uri, *extra],
+                              capture_output=True, text=True, env=cli_env(), timeout=60)
+
+    ok = await asyncio.to_thread(shell, *secure.client_options())
+    assert ok.returncode == 0, ok.stderr
+    lines = ok.stdout.splitlines()
+    assert len(lines) == len(secure.bookies) and not any("no answer" in ln for ln in lines)
+    # without them the registry (in etcd) is listed, but no bookie answers
+    refused = await asyncio.to_thread(shell)
+    assert TOKEN not in refused.stdout + refused.stderr
+    lines = refused.stdout.splitlines()
+    assert len(lines) == len(secure.bookies) and all("no answer" in ln for ln in lines)
