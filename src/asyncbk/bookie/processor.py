@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
+import hmac
 from collections.abc import Coroutine
 from typing import Any
 
@@ -263,7 +264,7 @@ class RequestProcessor:
                 return Status.NOT_READY
         info = self.storage.ledger(ledger_id)
         if info is not None:
-            if info.master_key != master_key:
+            if not hmac.compare_digest(info.master_key, master_key):
                 return Status.UNAUTHORIZED
             if info.fenced and not recovery:
                 return Status.FENCED
@@ -311,7 +312,7 @@ class RequestProcessor:
                 reply(Status.BAD_REQUEST)
                 return
             info = self.storage.ledger(ledger_id)
-            if info is not None and info.master_key != req.master_key:
+            if info is not None and not hmac.compare_digest(info.master_key, req.master_key):
                 reply(Status.UNAUTHORIZED)
                 return
             self.counters["fences"] += 1
@@ -401,7 +402,7 @@ class RequestProcessor:
             status = Status.BAD_REQUEST
         elif info is None:
             status = Status.NO_LEDGER
-        elif info.master_key != req.master_key:
+        elif not hmac.compare_digest(info.master_key, req.master_key):
             status = Status.UNAUTHORIZED
         else:
             status = Status.OK

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeAlias, cast
 
 import msgpack
@@ -82,7 +82,7 @@ class AddRequest:
     request_id: int
     ledger_id: int
     entry_id: int
-    master_key: bytes
+    master_key: bytes = field(repr=False)
     flags: int
     lac: int
     body: bytes
@@ -96,7 +96,7 @@ class ReadRequest:
     entry_id: int
     """-1 reads the last entry the bookie holds."""
     flags: int
-    master_key: bytes
+    master_key: bytes = field(repr=False)
     """Required (non-empty) with the FENCE flag; ignored otherwise."""
 
 
@@ -112,7 +112,7 @@ class WriteLacRequest:
     OP: ClassVar[Op] = Op.WRITE_LAC
     request_id: int
     ledger_id: int
-    master_key: bytes
+    master_key: bytes = field(repr=False)
     lac: int
 
 
@@ -144,7 +144,7 @@ class AddBatchRequest:
     OP: ClassVar[Op] = Op.ADD_BATCH
     request_id: int
     ledger_id: int
-    master_key: bytes
+    master_key: bytes = field(repr=False)
     flags: int
     lac: int
     entry_ids: list[int]
@@ -163,10 +163,7 @@ class AuthRequest:
     other request before a successful AUTH is refused with UNAUTHORIZED."""
     OP: ClassVar[Op] = Op.AUTH
     request_id: int
-    token: bytes
-
-    def __repr__(self) -> str:  # the token never reaches a log line
-        return f"AuthRequest(request_id={self.request_id}, token=<{len(self.token)} bytes>)"
+    token: bytes = field(repr=False)  # never in a log line
 
 
 Request: TypeAlias = (
