@@ -98,6 +98,9 @@ class BookieConfig:
     http_host: str = "127.0.0.1"
     http_port: int = 8000
     """Port of the HTTP admin endpoint (0: any free port, logged at start)."""
+    http_open_reads: bool = True
+    """With ``auth_tokens_file``: ``GET /metrics`` and ``/healthz`` need no token (every
+    other route does).  The endpoint is HTTPS when the bookie has TLS."""
 
     def validate(self) -> BookieConfig:
         _check_positive(self, "frame_bytes_max", "journal_group_bytes_max",

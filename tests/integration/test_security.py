@@ -196,3 +196,37 @@ async def test_the_shell_needs_the_tls_options_and_the_token_file(secure: LocalC
     assert TOKEN not in refused.stdout + refused.stderr
     lines = refused.stdout.splitlines()
     assert len(lines) == len(secure.bookies) and all("no answer" in ln for ln in lines)
+
+
+async def test_the_admin_endpoint_is_https_and_asks_for_the_token(secure: LocalCluster) -> None:
+    """HTTPS with the bookie's certificate; /metrics and /healthz open to probes, every
+    other route (reads and changes) 401 without ``Authorization: Bearer <token>``."""
+    import aiohttp
+
+    bookie = secure.bookies[0]
+    assert bookie.http_url.startswith("https://")
+    assert secure.tls is not None
+    ctx = client_context(str(secure.tls.ca))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
+        for path in ("/healthz", "/metrics"):
+            async with s.get(bookie.http_url + path) as r:
+                assert r.status == 200, path
+        for method, path in (("GET", "/api/v1/bookie/state"), ("GET", "/api/v1/bookie/info"),
+                             ("PUT", "/api/v1/bookie/gc"), ("PUT", "/api/v1/bookie/state")):
+            async with s.request(method, bookie.http_url + path) as r:
+                assert r.status == 401, (method, path)
+                assert "Bearer" in (await r.json())["error"]
+            async with s.request(method, bookie.http_url + path,
+                                 headers={"Authorization": "Bearer wrong"}) as r:
+                assert r.status == 401, (method, path)
+        async with s.get(bookie.http_url + "/api/v1/bookie/state", headers=auth) as r:
+            assert r.status == 200 and "state" in await r.json()
+        async with s.put(bookie.http_url + "/api/v1/bookie/gc", headers=auth) as r:
+            assert r.status != 401
+    # plain HTTP to the HTTPS port gets nothing
+    async with aiohttp.ClientSession() as s:
+        with pytest.raises(aiohttp.ClientError):
+            async with asyncio.timeout(10), \
+                    s.get(bookie.http_url.replace("https", "http") + "/metrics") as r:
+                await r.read()

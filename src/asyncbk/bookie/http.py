@@ -127,7 +127,7 @@ class AdminHttpServer:
 
     def __init__(self, bookie: BookieServer, host: str, port: int,
                  extra_routes: Sequence[web.RouteDef] = (),
-                 extra_collectors: Sequence[Any] = ()) -> None:
+                 extra_collectors: Sequence[Any] = (), **security: Any) -> None:
         self.bookie = bookie
         self._http = AdminHttp(host, port, [
             web.get("/healthz", self.healthz),
@@ -137,7 +137,8 @@ class AdminHttpServer:
             web.put("/api/v1/bookie/gc", self.run_gc),
             web.get("/api/v1/bookie/gc", self.gc_status),
             *extra_routes,
-        ], [BookieCollector(bookie), *extra_collectors])  # extra: auto-recovery in-process
+        ], [BookieCollector(bookie), *extra_collectors],  # extra: auto-recovery in-process
+            **security)  # ssl_context, tokens, open_reads
 
     @property
     def port(self) -> int:

@@ -112,13 +112,20 @@ class BookieServer:
             await self.listener.start(cfg.host, cfg.port)
             info: dict[str, Any] = {"version": __version__}
             if cfg.http_enabled:
-                self.http = AdminHttpServer(self, cfg.http_host, cfg.http_port,
-                                            self.http_extra_routes, self.http_extra_collectors)
+                self.http = AdminHttpServer(
+                    self, cfg.http_host, cfg.http_port, self.http_extra_routes,
+                    self.http_extra_collectors,
+                    # HTTPS with the bookie's certificate (no client certificate asked)
+                    ssl_context=server_context(cfg.tls_cert_file, cfg.tls_key_file)
+                    if cfg.tls_cert_file else None,
+                    tokens=load_tokens(cfg.auth_tokens_file) if cfg.auth_tokens_file else None,
+                    open_reads=cfg.http_open_reads)
                 port = await self.http.start()
                 public = cfg.http_host
                 if public in ("0.0.0.0", "::", ""):  # listening everywhere: the bookie's host
                     public = cfg.advertised_host or cfg.host
-                info["http"] = f"http://{public}:{port}"
+                scheme = "https" if cfg.tls_cert_file else "http"
+                info["http"] = f"{scheme}://{public}:{port}"
                 self.log.info("http admin listening", http_host=cfg.http_host, http_port=port)
             self.registration = Registration(
                 self.meta, self.bookie_id, cfg.lease_ttl_s,

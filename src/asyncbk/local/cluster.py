@@ -181,7 +181,8 @@ class LocalBookie(_ChildProcess):
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        scheme = "https" if self.cluster.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.http_port}"
 
     def command(self) -> list[str]:
         return [
