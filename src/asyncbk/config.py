@@ -34,6 +34,12 @@ class BookieConfig:
     frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
     connection_write_buffer_bytes_high: int = 4 * 1024 * 1024
     connections_max: int = 1024
+    connection_requests_max: int = 10_000
+    """Requests in flight on one connection; past it the bookie stops reading that
+    connection until it has answered a quarter of them (backpressure)."""
+    connection_idle_timeout_s: float = 600.0
+    """A connection with nothing in flight and no request for this long is closed
+    (clients reconnect when they need to; 0: never)."""
 
     # journal group commit
     journal_group_wait_ms_max: float = 2.0
@@ -108,7 +114,10 @@ class BookieConfig:
                         "journal_file_bytes_max", "entry_log_bytes_max",
                         "checkpoint_interval_s", "lease_ttl_s", "connections_max",
                         "metadata_timeout_s", "drain_timeout_s", "disk_check_interval_s",
-                        "register_retry_s_max", "connection_write_buffer_bytes_high")
+                        "register_retry_s_max", "connection_write_buffer_bytes_high",
+                        "connection_requests_max")
+        if self.connection_idle_timeout_s < 0:
+            raise ConfigError("connection_idle_timeout_s must be >= 0")
         if self.journal_group_wait_ms_max < 0:
             raise ConfigError("journal_group_wait_ms_max must be >= 0")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):

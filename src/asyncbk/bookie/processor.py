@@ -66,6 +66,8 @@ LONG_POLL_WAITERS_MAX = 10_000
 LONG_POLL_TIMEOUT_MS_MAX = 60_000
 MASTER_KEY_BYTES_MAX = 64
 READ_BATCH_COUNT_MAX = 1024
+ADD_BATCH_ENTRIES_MAX = 4096
+"""Entries one ADD_BATCH may carry (clients send at most 512)."""
 
 
 class BookieState(enum.StrEnum):
@@ -177,6 +179,8 @@ class RequestProcessor:
         n = len(req.entry_ids)
         ledger_id = req.ledger_id
         status = self._check_add_fields(ledger_id, req.master_key, req.flags, req.lac)
+        if n != len(req.bodies) or n > ADD_BATCH_ENTRIES_MAX:
+            status = Status.BAD_REQUEST
         if status is not Status.OK or n == 0:
             self.counters["rejected"] += n
             conn.respond_frame(encode_add_batch_response(req.request_id, status, ledger_id,

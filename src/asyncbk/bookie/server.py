@@ -108,6 +108,8 @@ class BookieServer:
                 if cfg.tls_cert_file else None,
                 tokens=load_tokens(cfg.auth_tokens_file) if cfg.auth_tokens_file else None,
                 auth_timeout_s=cfg.auth_timeout_s,
+                requests_max=cfg.connection_requests_max,
+                idle_timeout_s=cfg.connection_idle_timeout_s,
             )
             await self.listener.start(cfg.host, cfg.port)
             info: dict[str, Any] = {"version": __version__}

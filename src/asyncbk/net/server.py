@@ -21,6 +21,7 @@ backpressure, the connection stops reading until it drains.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hmac
 import socket
@@ -77,6 +78,11 @@ class ServerConnection(asyncio.Protocol):
         self.authenticated = server.tokens is None
         self._refused = 0
         self._auth_timer: asyncio.TimerHandle | None = None
+        self.inflight = 0
+        """Requests handed to the handler and not answered yet (at most ``requests_max``)."""
+        self._backlog: collections.deque[bytes] = collections.deque()
+        self._draining = False
+        self.last_request_s = self._loop.time()
 
     # ---- called by the handler
 
@@ -85,6 +91,11 @@ class ServerConnection(asyncio.Protocol):
 
     def respond_frame(self, frame: bytes) -> None:
         """``respond`` with an already encoded frame (the add path's fast encoder)."""
+        self.inflight -= 1
+        if self._reading_paused_by and self.inflight <= self._server.requests_resume_at \
+                and "requests" in self._reading_paused_by and not self._draining:
+            self.resume_reading("requests")
+            self._drain()
         if self._transport is None:
             return
         self._out.append(frame)
@@ -132,18 +143,47 @@ class ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             bodies = self._decoder.feed(data)
-            handle = self._handler.handle
-            for body in bodies:
-                request = decode_request(body)
+        except ProtocolError as exc:
+            self._protocol_error(exc)
+            return
+        if bodies:
+            self.last_request_s = self._loop.time()
+            self._backlog.extend(bodies)
+            self._drain()
+
+    def _drain(self) -> None:
+        """Hand the requests read so far to the handler, as long as fewer than
+        ``requests_max`` are in flight; past that, stop reading the socket (what was
+        read already waits here: at most one read's worth)."""
+        if self._draining:
+            return
+        self._draining = True
+        backlog = self._backlog
+        limit = self._server.requests_max
+        handle = self._handler.handle
+        try:
+            while backlog:
+                if self.inflight >= limit:
+                    self.pause_reading("requests")  # backpressure: answer some first
+                    return
+                request = decode_request(backlog.popleft())
+                self.inflight += 1
                 if self.authenticated and type(request) is not AuthRequest:
                     handle(request, self)
                 elif not self._gate(request):
+                    backlog.clear()
                     return
         except ProtocolError as exc:
-            self._log.warning("malformed request, closing connection", reason=str(exc))
-            self._server.protocol_errors += 1
-            if self._transport is not None:
-                self._transport.abort()
+            self._protocol_error(exc)
+        finally:
+            self._draining = False
+
+    def _protocol_error(self, exc: ProtocolError) -> None:
+        self._backlog.clear()
+        self._log.warning("malformed request, closing connection", reason=str(exc))
+        self._server.protocol_errors += 1
+        if self._transport is not None:
+            self._transport.abort()
 
     def _gate(self, request: Request) -> bool:
         """AUTH, or a request before it; False once the connection is being closed."""
@@ -218,8 +258,18 @@ class BookieListener:
         ssl_context: ssl.SSLContext | None = None,
         tokens: Sequence[bytes] | None = None,
         auth_timeout_s: float = 10.0,
+        requests_max: int = 10_000,
+        idle_timeout_s: float = 0.0,
     ) -> None:
         self.handler = handler
+        self.requests_max = requests_max
+        """Requests in flight on one connection before it is no longer read from."""
+        self.requests_resume_at = requests_max * 3 // 4
+        self.idle_timeout_s = idle_timeout_s
+        """A connection with nothing in flight and no request for this long is closed
+        (0: never)."""
+        self._idle_task: asyncio.Task[None] | None = None
+        self.idle_closed = 0
         self.ssl_context = ssl_context
         self.tokens = list(tokens) if tokens is not None else None
         self.auth_timeout_s = auth_timeout_s
@@ -243,7 +293,19 @@ class BookieListener:
             lambda: ServerConnection(self), host, port, reuse_address=True, backlog=1024, **tls
         )
         sockets = self._server.sockets
+        if self.idle_timeout_s > 0:
+            self._idle_task = loop.create_task(self._close_idle())
         return int(sockets[0].getsockname()[1])
+
+    async def _close_idle(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.idle_timeout_s / 4)
+            horizon = loop.time() - self.idle_timeout_s
+            for conn in list(self.connections):
+                if conn.inflight <= 0 and conn.last_request_s < horizon:
+                    self.idle_closed += 1
+                    conn.close()
 
     async def stop_accepting(self) -> None:
         if self._server is not None:
@@ -254,6 +316,10 @@ class BookieListener:
             conn.close()
 
     async def close(self) -> None:
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            await asyncio.wait([self._idle_task])
+            self._idle_task = None
         await self.stop_accepting()
         self.close_connections()
         if self._server is not None:
