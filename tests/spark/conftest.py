@@ -46,8 +46,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 class ClusterThread:
     """A LocalCluster (3 bookies) on an event loop in its own thread."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, **cluster_options: Any) -> None:
         self.data_dir = data_dir
+        self.cluster_options = cluster_options
         self.loop = uvloop.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="spark-cluster",
                                        daemon=True)
@@ -56,7 +57,7 @@ class ClusterThread:
 
     def start(self) -> None:
         self.thread.start()
-        self.cluster = LocalCluster(bookies=3, data_dir=self.data_dir)
+        self.cluster = LocalCluster(bookies=3, data_dir=self.data_dir, **self.cluster_options)
         self.run(self.cluster.start())
         self.bk = self.run(self.cluster.client())
 

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ..errors import InvalidNameError, SparkOptionError
 from ..stream.meta import check_namespace_name, check_stream_name
@@ -27,7 +27,9 @@ KNOWN = {
     "metadatauri", "namespace", "streams", "streamspattern", "ledgers", "startingpositions",
     "endingpositions", "failondataloss", "maxrecordspertrigger", "maxrecordsperpartition",
     "minpartitions", "stream", "sinkid", "batchid", "operationtimeouts", "path",
+    "tlscafile", "tlscertfile", "tlskeyfile", "authtokenfile",
 }
+SECURITY = {"tlscafile", "tlscertfile", "tlskeyfile", "authtokenfile"}
 """Lower-cased names this source knows (``path`` is what ``load(x)``/``save(x)`` set)."""
 
 GLOB_CHARS = set("*?[")
@@ -80,6 +82,10 @@ class ReadOptions:
     max_records_per_partition: int = MAX_RECORDS_PER_PARTITION
     min_partitions: int | None = None
     timeout_s: float = OPERATION_TIMEOUT_S
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    auth_token_file: str = ""
 
     @property
     def over_ledgers(self) -> bool:
@@ -108,6 +114,10 @@ class WriteOptions:
     batch_id: int | None = None
     """With ``sink_id``, makes a batch write idempotent (for ``foreachBatch``)."""
     timeout_s: float = OPERATION_TIMEOUT_S
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    auth_token_file: str = ""
 
 
 def _get(options: Mapping[str, Any], name: str) -> str | None:
@@ -180,6 +190,29 @@ def _timeout(options: Mapping[str, Any]) -> float:
     return value
 
 
+class _Security(TypedDict, total=False):
+    tls_ca_file: str
+    tls_cert_file: str
+    tls_key_file: str
+    auth_token_file: str
+
+
+def _security(options: Mapping[str, Any]) -> _Security:
+    """TLS files and the token file: paths on every machine of the Spark cluster (the
+    token itself is never an option: options show in Spark's UI and plans)."""
+    out: _Security = {}
+    for option, field_name in (("tlsCaFile", "tls_ca_file"), ("tlsCertFile", "tls_cert_file"),
+                               ("tlsKeyFile", "tls_key_file"),
+                               ("authTokenFile", "auth_token_file")):
+        value = _get(options, option)
+        if value is not None and value.strip():
+            out[field_name] = value.strip()  # type: ignore[literal-required]
+    if bool(out.get("tls_cert_file")) != bool(out.get("tls_key_file")):
+        raise SparkOptionError("options tlsCertFile and tlsKeyFile go together (a client "
+                               "certificate and its key)")
+    return out
+
+
 def _bool(options: Mapping[str, Any], name: str, default: bool) -> bool:
     text = _get(options, name)
     if text is None:
@@ -248,7 +281,7 @@ def read_options(options: Mapping[str, Any], streaming: bool) -> ReadOptions:
     what = "a streaming read" if streaming else "a batch read"
     allowed = {"metadatauri", "namespace", "streams", "streamspattern", "ledgers",
                "startingpositions", "failondataloss", "maxrecordsperpartition", "minpartitions",
-               "operationtimeouts"}
+               "operationtimeouts", *SECURITY}
     allowed |= {"maxrecordspertrigger"} if streaming else {"endingpositions"}
     _check_applies(options, allowed, what)
     uri = _metadata_uri(options)
@@ -283,7 +316,8 @@ def read_options(options: Mapping[str, Any], streaming: bool) -> ReadOptions:
                 raise SparkOptionError(f"option ledgers: {item!r} is not a ledger id")
         return ReadOptions(uri, _get(options, "namespace"), ledgers=tuple(dict.fromkeys(ids)),
                            fail_on_data_loss=fail, max_records_per_partition=per_partition,
-                           min_partitions=min_partitions, timeout_s=timeout_s)
+                           min_partitions=min_partitions, timeout_s=timeout_s,
+                           **_security(options))
     namespace = _namespace(options, "with streams or streamsPattern")
     names: list[str] = []
     globs: list[str] = []
@@ -311,7 +345,7 @@ def read_options(options: Mapping[str, Any], streaming: bool) -> ReadOptions:
     ro = ReadOptions(uri, namespace, tuple(dict.fromkeys(names)), tuple(globs),
                      pattern.strip() if pattern and pattern.strip() else None, (), starting,
                      ending, fail, _int(options, "maxRecordsPerTrigger", 1), per_partition,
-                     min_partitions, timeout_s)
+                     min_partitions, timeout_s, **_security(options))
     for option, positions in (("startingPositions", starting), ("endingPositions", ending)):
         for stream in positions.per_stream:
             if not ro.selects(stream):
@@ -324,7 +358,8 @@ def read_options(options: Mapping[str, Any], streaming: bool) -> ReadOptions:
 def write_options(options: Mapping[str, Any], streaming: bool) -> WriteOptions:
     what = "a streaming write" if streaming else "a batch write"
     _check_applies(options, {"metadatauri", "namespace", "stream", "sinkid",
-                             "operationtimeouts"} | (set() if streaming else {"batchid"}), what)
+                             "operationtimeouts", *SECURITY}
+                   | (set() if streaming else {"batchid"}), what)
     uri = _metadata_uri(options)
     namespace = _namespace(options, "to write")
     stream = _get(options, "stream") or _get(options, "path")
@@ -343,4 +378,4 @@ def write_options(options: Mapping[str, Any], streaming: bool) -> WriteOptions:
         raise SparkOptionError("option batchId needs the option sinkId: a batch is recorded "
                                "as written under the sink's id")
     return WriteOptions(uri, namespace, stream.strip(), sink_id.strip() if sink_id else None,
-                        batch_id, _timeout(options))
+                        batch_id, _timeout(options), **_security(options))

@@ -22,11 +22,12 @@ import asyncio
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import uvloop
 
 from ..errors import BKError, MetadataError, NoSuchNamespaceError, SparkOptionError
+from ..net.security import client_context, read_token
 from ..stream.client import BookKeeper
 from ..stream.namespace import Namespace
 
@@ -35,23 +36,52 @@ T = TypeVar("T")
 CONNECT_TIMEOUT_S = 30.0
 
 
-async def connect(metadata_uri: str, timeout_s: float) -> BookKeeper:
-    """A client of the cluster at ``metadata_uri``, or an error that says it is unreachable."""
+class Access(Protocol):
+    """Where the cluster is and how to reach it (read and write options both have it)."""
+
+    @property
+    def metadata_uri(self) -> str: ...
+
+    @property
+    def timeout_s(self) -> float: ...
+
+    @property
+    def tls_ca_file(self) -> str: ...
+
+    @property
+    def tls_cert_file(self) -> str: ...
+
+    @property
+    def tls_key_file(self) -> str: ...
+
+    @property
+    def auth_token_file(self) -> str: ...
+
+
+async def connect(access: Access) -> BookKeeper:
+    """A client of the cluster, or an error that says it is unreachable."""
+    metadata_uri, timeout_s = access.metadata_uri, access.timeout_s
+    security: dict[str, Any] = {}
+    if access.tls_ca_file or access.tls_cert_file:
+        security["ssl"] = client_context(access.tls_ca_file, access.tls_cert_file,
+                                         access.tls_key_file)
+    if access.auth_token_file:
+        security["token"] = read_token(access.auth_token_file)
     try:
         async with asyncio.timeout(min(timeout_s, CONNECT_TIMEOUT_S)):
-            return await BookKeeper.connect(metadata_uri)
+            return await BookKeeper.connect(metadata_uri, **security)
     except (TimeoutError, OSError, MetadataError) as exc:
         raise MetadataError(
             f"cannot reach the metadata store at {metadata_uri} ({exc or type(exc).__name__}): "
             "check the metadataUri option and that etcd and the bookies are running") from None
 
 
-def run_once(metadata_uri: str, timeout_s: float,
-             work: Callable[[BookKeeper], Awaitable[T]]) -> T:
+def run_once(access: Access, work: Callable[[BookKeeper], Awaitable[T]]) -> T:
     """``work(client)`` on a fresh event loop with a fresh client; both closed after."""
+    timeout_s = access.timeout_s
 
     async def main() -> T:
-        bk = await connect(metadata_uri, timeout_s)
+        bk = await connect(access)
         try:
             async with asyncio.timeout(timeout_s):
                 return await work(bk)
@@ -68,9 +98,9 @@ def run_once(metadata_uri: str, timeout_s: float,
 class LoopThread:
     """An event loop in a thread of its own, with one client kept connected."""
 
-    def __init__(self, metadata_uri: str, timeout_s: float) -> None:
-        self.metadata_uri = metadata_uri
-        self.timeout_s = timeout_s
+    def __init__(self, access: Access) -> None:
+        self.access = access
+        self.timeout_s = access.timeout_s
         self._loop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever,
                                         name="asyncbk-spark", daemon=True)
@@ -85,7 +115,7 @@ class LoopThread:
 
         async def main() -> T:
             if self._bk is None:
-                self._bk = await connect(self.metadata_uri, self.timeout_s)
+                self._bk = await connect(self.access)
             async with asyncio.timeout(self.timeout_s):
                 return await work(self._bk)
 
@@ -119,16 +149,16 @@ class LoopThread:
 class TaskLoop:
     """A fresh event loop and client for one task, driven from Spark's thread."""
 
-    def __init__(self, metadata_uri: str, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.metadata_uri = metadata_uri
+    def __init__(self, access: Access) -> None:
+        self.timeout_s = access.timeout_s
+        self.access = access
         self.runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
         self.bk: BookKeeper | None = None
 
     def __enter__(self) -> TaskLoop:
         self.runner.__enter__()
         try:
-            self.bk = self.runner.run(connect(self.metadata_uri, self.timeout_s))
+            self.bk = self.runner.run(connect(self.access))
         except BaseException:
             self.runner.__exit__(None, None, None)
             raise

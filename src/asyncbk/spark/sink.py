@@ -100,7 +100,7 @@ def _task_owner(opts: WriteOptions, fallback: str | None) -> tuple[str, int]:
 def _write_task(opts: WriteOptions, layout: _RowLayout, rows: Iterator[Any],
                 owner: str, partition: int) -> AsyncbkCommitMessage:
     """Write a task's rows into a staged ledger; the commit message describes it."""
-    with TaskLoop(opts.metadata_uri, opts.timeout_s) as tl:
+    with TaskLoop(opts) as tl:
         assert tl.bk is not None
         bk = tl.bk
 
@@ -156,7 +156,7 @@ class BatchWriter(DataSourceWriter):
         self.opts = opts
         self.layout = layout
         self.owner = opts.sink_id or f"batch-{uuid.uuid4().hex}"
-        run_once(opts.metadata_uri, opts.timeout_s, lambda bk: _prepare_stream(bk, opts))
+        run_once(opts, lambda bk: _prepare_stream(bk, opts))
 
     def write(self, iterator: Iterator[Any]) -> AsyncbkCommitMessage:
         _, partition = _task_owner(self.opts, self.owner)
@@ -173,7 +173,7 @@ class BatchWriter(DataSourceWriter):
                 await adopt.discard(ns, self.opts.stream, [s.ledger_id for s in staged])
             await adopt.sweep(ns, self.opts.stream, owner=self.owner)
 
-        run_once(self.opts.metadata_uri, self.opts.timeout_s, commit)
+        run_once(self.opts, commit)
 
     def abort(self, messages: list[Any]) -> None:
         _discard(self.opts, _staged(messages), self.owner)
@@ -186,7 +186,7 @@ def _discard(opts: WriteOptions, staged: list[adopt.StagedLedger], owner: str | 
         if owner is not None:
             await adopt.sweep(ns, opts.stream, owner=owner)
 
-    run_once(opts.metadata_uri, opts.timeout_s, discard)
+    run_once(opts, discard)
 
 
 class MicroBatchWriter(DataSourceStreamWriter):
@@ -196,7 +196,7 @@ class MicroBatchWriter(DataSourceStreamWriter):
     def __init__(self, opts: WriteOptions, layout: _RowLayout) -> None:
         self.opts = opts
         self.layout = layout
-        run_once(opts.metadata_uri, opts.timeout_s, lambda bk: _prepare_stream(bk, opts))
+        run_once(opts, lambda bk: _prepare_stream(bk, opts))
 
     def write(self, iterator: Iterator[Any]) -> AsyncbkCommitMessage:
         owner, partition = _task_owner(self.opts, None)
@@ -224,7 +224,7 @@ class MicroBatchWriter(DataSourceStreamWriter):
                           stream=self.opts.stream, batch=batchId, last=done.last_batch)
             await adopt.sweep(ns, self.opts.stream, owner=owner)
 
-        run_once(self.opts.metadata_uri, self.opts.timeout_s, commit)
+        run_once(self.opts, commit)
 
     def abort(self, messages: list[Any], batchId: int) -> None:
         _discard(self.opts, _staged(messages), self._owner(messages))

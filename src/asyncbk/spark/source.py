@@ -248,7 +248,7 @@ def _read_partition(opts: ReadOptions, partition: AsyncbkPartition) -> Iterator[
     part = partition.part
     if part is None:
         return
-    with TaskLoop(opts.metadata_uri, opts.timeout_s) as tl:
+    with TaskLoop(opts) as tl:
         assert tl.bk is not None and opts.namespace is not None
         yield from tl.iterate(_read_slices(tl.bk, opts.namespace, part, opts))
 
@@ -261,8 +261,7 @@ class StreamBatchReader(DataSourceReader):
         self.opts = opts
 
     def partitions(self) -> list[AsyncbkPartition]:
-        parts = run_once(self.opts.metadata_uri, self.opts.timeout_s,
-                         lambda bk: _plan_batch(bk, self.opts))
+        parts = run_once(self.opts, lambda bk: _plan_batch(bk, self.opts))
         return parts or [AsyncbkPartition()]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -291,7 +290,7 @@ class LedgerBatchReader(DataSourceReader):
                            for lo in range(0, last + 1, step))
             return out
 
-        parts = run_once(self.opts.metadata_uri, self.opts.timeout_s, plan)
+        parts = run_once(self.opts, plan)
         return parts or [AsyncbkPartition()]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -313,7 +312,7 @@ class LedgerBatchReader(DataSourceReader):
                      pa.array([e.data for e in got], pa.binary())], schema=_LEDGER_ARROW)
 
         def rows() -> Iterator[pa.RecordBatch]:
-            with TaskLoop(self.opts.metadata_uri, self.opts.timeout_s) as tl:
+            with TaskLoop(self.opts) as tl:
                 assert tl.bk is not None
                 yield from tl.iterate(entries(tl.bk))
 
@@ -340,7 +339,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _run(self, work: Any) -> Any:
         if self._rt is None:
-            self._rt = LoopThread(self.opts.metadata_uri, self.opts.timeout_s)
+            self._rt = LoopThread(self.opts)
         return self._rt.run(work)
 
     # -- offsets
