@@ -166,6 +166,8 @@ class BookieChannel(asyncio.Protocol):
         self._retry_at_s = 0.0
         self._last_error: BaseException | None = None
         self._closed = False
+        self._answered = False
+        """Whether the bookie sent anything on the current connection."""
 
     # ------------------------------------------------------------ public API
 
@@ -319,6 +321,7 @@ class BookieChannel(asyncio.Protocol):
         self._paused = False
         self._backoff_s = 0.0
         self._decoder = FrameDecoder(self._frame_bytes_max)
+        self._answered = False
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -342,6 +345,7 @@ class BookieChannel(asyncio.Protocol):
         self._log.warning("bookie refused the client's token")
 
     def data_received(self, data: bytes) -> None:
+        self._answered = True
         try:
             bodies = self._decoder.feed(data)
             pending = self._pending
@@ -377,7 +381,10 @@ class BookieChannel(asyncio.Protocol):
         self._paused = False
         self._unsent.clear()
         self._unsent_bytes = sum(len(add[5]) for add in self._adds)
-        reason = exc or self._last_error or "closed by peer"
+        reason = exc or self._last_error or (
+            "closed by peer" if self._answered else
+            "closed by the bookie before any answer (if it serves TLS, connect with ssl=...; "
+            "if it requires a token, with token=...)")
         if not self._closed:
             self._log.info("connection to bookie lost", reason=str(reason))
         self._last_error = exc or self._last_error
