@@ -230,3 +230,25 @@ async def test_the_admin_endpoint_is_https_and_asks_for_the_token(secure: LocalC
             async with asyncio.timeout(10), \
                     s.get(bookie.http_url.replace("https", "http") + "/metrics") as r:
                 await r.read()
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--auth-tokens-file", "{tmp}/missing"], "tokens file"),
+    (["--auth-tokens-file", "{tmp}/empty"], "holds no token"),
+    (["--tls-cert", "{tmp}/empty", "--tls-key", "{tmp}/empty"], "TLS material unusable"),
+    (["--tls-cert", "{tmp}/empty"], "needs both"),
+    (["--tls-require-client-cert"], "needs TLS"),
+])
+def test_bad_security_settings_stop_the_bookie_with_one_line(tmp_path: Path, flags: list[str],
+                                                             words: str) -> None:
+    """Said before the bookie reaches for etcd or its disks, in one line, exit 1."""
+    (tmp_path / "empty").write_text("\n")
+    argv = [a.format(tmp=tmp_path) for a in flags]
+    r = subprocess.run([sys.executable, "-m", "asyncbk", "bookie", "--metadata-uri",
+                        "etcd://127.0.0.1:1/x", "--port", "23456", "--journal-dir",
+                        str(tmp_path / "j"), "--ledger-dir", str(tmp_path / "l"), *argv],
+                       capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "etcd" not in lines[0], r.stderr
+    assert not (tmp_path / "j").exists()

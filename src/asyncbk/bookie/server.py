@@ -85,6 +85,12 @@ class BookieServer:
     async def start(self) -> None:
         cfg = self.config
         try:
+            # TLS material and tokens first: a mistake there is said before anything else.
+            tls = server_context(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_ca_file,
+                                 cfg.tls_require_client_cert) if cfg.tls_cert_file else None
+            http_tls = server_context(cfg.tls_cert_file, cfg.tls_key_file) \
+                if cfg.tls_cert_file else None
+            tokens = load_tokens(cfg.auth_tokens_file) if cfg.auth_tokens_file else None
             # The store first: a bookie that cannot reach it creates nothing on disk.
             self.meta = await open_metadata_store(cfg.metadata_uri, timeout_s=cfg.metadata_timeout_s)
             # Before any verdict on the cookie: a second process for a live bookie (or
@@ -103,10 +109,8 @@ class BookieServer:
                 write_buffer_bytes_high=cfg.connection_write_buffer_bytes_high,
                 connections_max=cfg.connections_max,
                 log=self.log,
-                ssl_context=server_context(cfg.tls_cert_file, cfg.tls_key_file,
-                                           cfg.tls_ca_file, cfg.tls_require_client_cert)
-                if cfg.tls_cert_file else None,
-                tokens=load_tokens(cfg.auth_tokens_file) if cfg.auth_tokens_file else None,
+                ssl_context=tls,
+                tokens=tokens,
                 auth_timeout_s=cfg.auth_timeout_s,
                 requests_max=cfg.connection_requests_max,
                 idle_timeout_s=cfg.connection_idle_timeout_s,
@@ -118,9 +122,8 @@ class BookieServer:
                     self, cfg.http_host, cfg.http_port, self.http_extra_routes,
                     self.http_extra_collectors,
                     # HTTPS with the bookie's certificate (no client certificate asked)
-                    ssl_context=server_context(cfg.tls_cert_file, cfg.tls_key_file)
-                    if cfg.tls_cert_file else None,
-                    tokens=load_tokens(cfg.auth_tokens_file) if cfg.auth_tokens_file else None,
+                    ssl_context=http_tls,
+                    tokens=tokens,
                     open_reads=cfg.http_open_reads)
                 port = await self.http.start()
                 public = cfg.http_host
