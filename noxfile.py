@@ -176,3 +176,14 @@ def docker(session: nox.Session) -> None:
     if size.isdigit():
         session.log(f"image {DOCKER_TAG}: {int(size) / 1e6:.0f} MB")
     session.log("; ".join(f"{name} {s:.1f} s" for name, s in times))
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """Coverage-guided fuzzing (atheris) of the bookie's input paths: frames, request and
+    response bodies, journal records, and the start-up readers (journal replay, index.log,
+    checkpoint), one harness after another, each for 2,000,000 inputs or 600 s; then the
+    inputs executed and the coverage of each (tests/fuzz/README.md).  ``nox -s fuzz --
+    --quick``: 20,000 inputs each; ``-- storage --runs 100000``: one harness."""
+    session.install("-e", ".[fuzz]")
+    session.run("python", "-m", "tests.fuzz.run", *session.posargs)

@@ -1,0 +1,1 @@
+"""atheris harnesses of the bookie's input paths (``nox -s fuzz``); see README.md."""
