@@ -66,12 +66,34 @@ class _Log:
     warning = info = error
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _scratch_root() -> Path:
+    """``asyncbk-fuzz-<pid>`` on /dev/shm (or the temp dir); those of processes gone are
+    removed first (libFuzzer ends the process without running ``atexit``)."""
+    base = Path("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+    for old in base.glob("asyncbk-fuzz-*"):
+        pid = old.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    root = base / f"asyncbk-fuzz-{os.getpid()}"
+    root.mkdir(exist_ok=True)
+    atexit.register(shutil.rmtree, root, True)
+    return root
+
+
 def _dirs() -> tuple[Path, Path]:
     global _root
     if _root is None:
-        _root = Path(tempfile.mkdtemp(prefix="asyncbk-fuzz-",
-                                      dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
-        atexit.register(shutil.rmtree, _root, True)
+        _root = _scratch_root()
     jdir, ldir = _root / "journal", _root / "ledgers"
     for d in (jdir, ldir):
         shutil.rmtree(d, ignore_errors=True)
