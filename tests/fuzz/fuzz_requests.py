@@ -77,17 +77,9 @@ def check(data: bytes) -> None:
             msg = decode(data)
         except ProtocolError as exc:
             if len(str(exc)) > _harness.MESSAGE_CHARS_MAX:
-                if _version_is_not_an_int(data) and _harness.known("F1"):
-                    continue
                 raise _harness.Finding(f"a ProtocolError of {len(str(exc))} chars") from None
             continue
-        except RecursionError:
-            if _version_is_not_an_int(data) and _harness.known("F1"):
-                continue
-            raise
-        if _version_is_not_an_int(data):
-            if _harness.known("F1"):
-                continue
+        if _version_is_not_an_int(data):  # F1 (fixed)
             raise _harness.Finding(f"accepted a body whose version is not the integer 1: {msg}")
         if type(msg) not in message_classes(suffix):
             raise _harness.Finding(f"decoded as {type(msg).__name__}")

@@ -210,17 +210,7 @@ def _read_back(flags: int, body: bytes, jdir: Path, ldir: Path) -> None:
         "entry_log_id": 0, "entry_log_length": len(log), "index_length": len(index),
         "ledgers": [[lid, b"k", False, -1, -1] for lid in {r[0] for r in records}],
         "tombstones": []})
-    try:
-        _read_entries(log, records, jdir, ldir)
-    except (IndexError, OverflowError, HugeRead) as exc:
-        # F3: index.log records are used unchecked; a negative entry id fails the load
-        # (IndexError), an offset past 2**63 a read (OverflowError), a length past any
-        # record's a read after allocating that length (HugeRead)
-        bad = {IndexError: 1, OverflowError: 3, HugeRead: 4}[type(exc)]
-        limit = 0 if bad == 1 else (2**63 - 1 if bad == 3 else PREAD_BYTES_MAX)
-        insane = any(r[bad] < 0 if bad == 1 else r[bad] > limit for r in records)
-        if not (insane and _harness.known("F3")):
-            raise
+    _read_entries(log, records, jdir, ldir)  # F3 (fixed): corrupt records are refused
 
 
 def _readable(log: bytes, records: list[tuple[int, ...]]) -> dict[tuple[int, int], bytes]:
@@ -262,8 +252,6 @@ def _read_entries(log: bytes, records: list[tuple[int, ...]], jdir: Path, ldir: 
         for (lid, eid), body in _readable(log, records).items():
             loc = rec.index[lid].get(eid)
             if loc is None or reader.read(loc, lid, eid) != body:
-                if any(r[1] < 0 for r in records) and _harness.known("F3"):
-                    return  # a negative entry id overwrote another entry's location
                 raise _harness.Finding(f"entry {lid}/{eid} is readable but read {loc}")
     finally:
         reader.close()
@@ -276,12 +264,8 @@ def _checkpoint(flags: int, payload: bytes, jdir: Path, ldir: Path) -> None:
     try:
         st.read_checkpoint(ldir)
         st._recover(jdir, ldir, CONFIG, _Log(), NOW_MS).writer.close()
-    except BookieIOError:
+    except BookieIOError:  # F2 (fixed): also a checksummed but malformed payload
         pass
-    except Exception:
-        if flags & 1 and _harness.known("F2"):  # a checksummed payload is trusted as is
-            return
-        raise
 
 
 def check(data: bytes) -> None:
@@ -289,7 +273,7 @@ def check(data: bytes) -> None:
         return
     name = data[2:14].decode("latin-1")
     log_id = st._parse_entry_log_name(name)
-    if log_id is not None and st.entry_log_name(log_id) != name and not _harness.known("F4"):
+    if log_id is not None and st.entry_log_name(log_id) != name:  # F4 (fixed)
         raise _harness.Finding(f"{name!r} parses as entry log {log_id}")
     mode, flags, body = data[0] % 3, data[1], data[14:]
     jdir, ldir = _dirs()

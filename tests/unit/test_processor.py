@@ -326,3 +326,34 @@ async def test_tombstones_survive_restarts(tmp_path: Path) -> None:
     finally:
         await p.close()
         await storage.close()
+# --- F5: ids and LACs past int64 (the wire carries uint64) are BAD_REQUEST ------------
+
+BIG = 2**63
+
+
+@pytest.mark.parametrize("req", [
+    AddRequest(1, 1, BIG, KEY, 0, -1, b"x"),
+    AddRequest(1, BIG, 0, KEY, 0, -1, b"x"),
+    AddRequest(1, 1, 0, KEY, 0, BIG, b"x"),
+    AddBatchRequest(1, BIG, KEY, 0, -1, [0], [b"x"]),
+    ReadRequest(1, BIG, 0, ReadFlag.FENCE, KEY),
+], ids=["add-entry", "add-ledger", "add-lac", "batch-ledger", "fence-ledger"])
+async def test_ids_past_int64_are_bad_requests(proc: RequestProcessor, req: Any) -> None:
+    conn = Conn()
+    proc.handle(req, conn)  # must neither raise nor leave the request unanswered
+    assert (await conn.next()).status == Status.BAD_REQUEST
+    assert proc.storage.ledger_ids() == []  # no ledger registered without a journal record
+
+
+async def test_an_explicit_lac_past_int64_is_a_bad_request(proc: RequestProcessor) -> None:
+    conn = Conn()
+    proc.handle(add(1, 0), conn)
+    assert (await conn.next()).status == Status.OK
+    proc.handle(WriteLacRequest(2, 1, KEY, BIG), conn)
+    assert (await conn.next()).status == Status.BAD_REQUEST
+
+
+async def test_a_batch_entry_past_int64_is_refused_alone(proc: RequestProcessor) -> None:
+    conn = Conn()
+    proc.handle(AddBatchRequest(1, 1, KEY, 0, -1, [0, BIG], [b"a", b"b"]), conn)
+    assert (await conn.next()).statuses == [Status.OK, Status.BAD_REQUEST]

@@ -66,6 +66,9 @@ class GarbageCollector:
                 await self.run_once()
             except BKError as exc:
                 self.log.warning("garbage collection round failed", error=str(exc))
+            except Exception as exc:  # a bug: say so loudly, but keep collecting
+                self.log.error("garbage collection round failed unexpectedly",
+                               error=repr(exc))
 
     async def run_once(self, force_compaction: bool = False) -> dict[str, int]:
         """One round; returns what it did."""

@@ -70,6 +70,10 @@ ADD_BATCH_ENTRIES_MAX = 4096
 """Entries one ADD_BATCH may carry (clients send at most 512)."""
 
 
+ID_MAX = 2**63 - 1
+"""The largest ledger id, entry id or LAC a bookie stores (journal records are signed
+64-bit); the wire carries up to 2**64 - 1, and more is refused with BAD_REQUEST."""
+
 class BookieState(enum.StrEnum):
     STARTING = "starting"
     WRITABLE = "writable"
@@ -212,7 +216,7 @@ class RequestProcessor:
 
         accepted = 0
         for i, (entry_id, body) in enumerate(zip(req.entry_ids, req.bodies, strict=True)):
-            if entry_id < 0:
+            if not 0 <= entry_id <= ID_MAX:
                 statuses[i] = Status.BAD_REQUEST
                 counters["rejected"] += 1
                 remaining -= 1
@@ -249,13 +253,13 @@ class RequestProcessor:
             self._drained.set()
 
     def _check_add(self, req: AddRequest) -> Status:
-        if req.entry_id < 0:
+        if not 0 <= req.entry_id <= ID_MAX:
             return Status.BAD_REQUEST
         return self._check_add_fields(req.ledger_id, req.master_key, req.flags, req.lac)
 
     def _check_add_fields(self, ledger_id: int, master_key: bytes, flags: int,
                           lac: int) -> Status:
-        if ledger_id < 0 or lac < -1:
+        if not 0 <= ledger_id <= ID_MAX or not -1 <= lac <= ID_MAX:
             return Status.BAD_REQUEST
         if not master_key or len(master_key) > MASTER_KEY_BYTES_MAX:
             return Status.BAD_REQUEST
@@ -294,7 +298,7 @@ class RequestProcessor:
     # ------------------------------------------------------------------ read
 
     def _read(self, req: ReadRequest, conn: ServerConnection) -> None:
-        if req.ledger_id < 0 or req.entry_id < -1:
+        if not 0 <= req.ledger_id <= ID_MAX or not -1 <= req.entry_id <= ID_MAX:
             conn.respond(ReadResponse(req.request_id, Status.BAD_REQUEST, req.ledger_id,
                                       req.entry_id, b"", -1))
             return
@@ -401,7 +405,7 @@ class RequestProcessor:
 
     def _write_lac(self, req: WriteLacRequest, conn: ServerConnection) -> None:
         info = self.storage.ledger(req.ledger_id) if req.ledger_id >= 0 else None
-        if (req.ledger_id < 0 or req.lac < -1 or not req.master_key
+        if (not 0 <= req.ledger_id <= ID_MAX or not -1 <= req.lac <= ID_MAX or not req.master_key
                 or len(req.master_key) > MASTER_KEY_BYTES_MAX):
             status = Status.BAD_REQUEST
         elif info is None:

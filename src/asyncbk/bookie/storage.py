@@ -104,6 +104,8 @@ from . import journal as _journal
 from .journal import Journal, fsync_dir, list_journal_files, write_all
 from .journal_format import (
     ADD_RECORD_OVERHEAD_BYTES,
+    HEADER_BYTES,
+    RECORD_BYTES_MAX,
     TYPE_ADD,
     TYPE_DELETE_LEDGER,
     TYPE_EXPLICIT_LAC,
@@ -139,6 +141,9 @@ _CHECKSUM = struct.Struct("<Q")
 
 Location = tuple[int, int, int]
 """Where an entry's record is: (entry log id, record offset, record length)."""
+
+RECORD_SPAN_MAX = HEADER_BYTES - 1 + RECORD_BYTES_MAX
+"""The most bytes one record takes in an entry log (header and checksummed part)."""
 
 INDEX_GAP_MAX = 4096
 """An entry this far past a ledger's dense range goes to its sparse map instead."""
@@ -284,12 +289,13 @@ def entry_log_name(log_id: int) -> str:
 
 
 def _parse_entry_log_name(name: str) -> int | None:
+    """The id of an entry log file name (``entry_log_name``'s inverse), else None."""
     if len(name) != 12 or not name.endswith(".log"):
         return None
-    try:
-        return int(name[:8], 16)
-    except ValueError:
+    digits = name[:8]
+    if any(c not in "0123456789abcdef" for c in digits):
         return None
+    return int(digits, 16)
 
 
 class _DurableState(dict[int, _DurableLedger]):
@@ -341,10 +347,33 @@ def read_checkpoint(ledger_dir: Path) -> dict[str, Any] | None:
     data = blob[_CHECKSUM.size:]
     if xxhash.xxh3_64_intdigest(data) != checksum:
         raise BookieIOError(f"{path}: checkpoint checksum mismatch")
-    payload = msgpack.unpackb(data, raw=False)
+    try:
+        payload = msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # msgpack raises several types
+        raise BookieIOError(f"{path}: checkpoint is not msgpack ({type(exc).__name__})") from None
     if not isinstance(payload, dict) or payload.get("version") != CHECKPOINT_VERSION:
         raise BookieIOError(f"{path}: unsupported checkpoint")
+    if not _checkpoint_well_formed(payload):
+        raise BookieIOError(f"{path}: malformed checkpoint")
     return payload
+
+
+def _checkpoint_well_formed(payload: dict[str, Any]) -> bool:
+    """The fields :func:`_recover` uses, with their types and ranges."""
+    def uint(v: Any, top: int = 2**63 - 1) -> bool:
+        return type(v) is int and 0 <= v <= top
+
+    ledgers, tombstones = payload.get("ledgers"), payload.get("tombstones", [])
+    return (all(uint(payload.get(k)) for k in ("journal_seq", "journal_offset",
+                                               "entry_log_length", "index_length"))
+            and uint(payload.get("entry_log_id"), 0xFFFFFFFF)
+            and type(ledgers) is list and all(
+                type(x) is list and len(x) == 5 and uint(x[0]) and type(x[1]) is bytes
+                and type(x[2]) is bool and type(x[3]) is int and type(x[4]) is int
+                for x in ledgers)
+            and type(tombstones) is list and all(
+                type(x) is list and len(x) == 2 and uint(x[0]) and type(x[1]) is int
+                for x in tombstones))
 
 
 def _write_checkpoint(ledger_dir: Path, payload: dict[str, Any]) -> None:
@@ -467,6 +496,8 @@ class _EntryLogReader:
 
     def read(self, loc: Location, ledger_id: int, entry_id: int) -> bytes:
         log_id, offset, length = loc
+        if not HEADER_BYTES < length <= RECORD_SPAN_MAX or not 0 <= offset <= 0xFFFFFFFF:
+            raise BookieIOError(f"entry {ledger_id}/{entry_id}: bad location {loc}")
         try:
             data = os.pread(self._fd(log_id), length, offset)
         except OSError as exc:
@@ -496,6 +527,9 @@ class _EntryLogReader:
         """The bodies of entries ``first, first + 1, ...`` at ``locs``.  Records that
         lie back to back in one entry log (a ledger written alone) are read with a
         single ``pread``."""
+        if any(not HEADER_BYTES < n <= RECORD_SPAN_MAX or not 0 <= o <= 0xFFFFFFFF
+               for _, o, n in locs):
+            raise BookieIOError(f"entries of ledger {ledger_id}: bad location")
         out: list[bytes] = []
         i = 0
         while i < len(locs):
@@ -676,7 +710,12 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
         data = os.pread(index_fd, mark.index_length, 0) if mark.index_length else b""
         if len(data) != mark.index_length:
             raise BookieIOError("short read of the index")
-        for ledger_id, entry_id, log_id, offset, length in INDEX_RECORD.iter_unpack(data):
+        for i, (ledger_id, entry_id, log_id, offset, length) in enumerate(
+                INDEX_RECORD.iter_unpack(data)):
+            if (ledger_id < 0 or entry_id < 0 or log_id > mark.entry_log_id
+                    or offset > 0xFFFFFFFF or not HEADER_BYTES < length <= RECORD_SPAN_MAX):
+                raise BookieIOError(f"index.log record {i} is corrupt: ledger {ledger_id} entry "
+                                    f"{entry_id} log {log_id} offset {offset} length {length}")
             entries = index.get(ledger_id)
             if entries is None:
                 entries = index[ledger_id] = LedgerIndex()

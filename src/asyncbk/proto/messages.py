@@ -395,8 +395,10 @@ def _unpack(body: bytes, table: dict[int, type[Any]], kind: str) -> Any:
     if not isinstance(arr, list) or len(arr) < 3:
         raise ProtocolError(f"{kind} must be an array of at least 3 items")
     version, op = arr[0], arr[1]
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"unsupported protocol version {version!r}")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        # never repr() the value: it is the peer's (a nested list overflows the stack)
+        shown = version if type(version) is int else f"of type {type(version).__name__}"
+        raise ProtocolError(f"unsupported protocol version {shown}")
     if type(op) is not int:
         raise ProtocolError(f"{kind} op must be an integer")
     cls = table.get(op)
@@ -437,7 +439,7 @@ def decode_request(body: bytes) -> Request:
     except Exception:
         arr = None  # the checked path below reports it
     # Fast path for the hot message; anything unusual takes the checked path.
-    if type(arr) is list and len(arr) == 9 and arr[0] == PROTOCOL_VERSION \
+    if type(arr) is list and len(arr) == 9 and type(arr[0]) is int and arr[0] == PROTOCOL_VERSION \
             and type(arr[1]) is int and arr[1] == Op.ADD:
         _, _, rid, lid, eid, key, flags, lac, data = arr
         if (type(rid) is int and rid >= 0 and type(lid) is int and type(eid) is int
@@ -454,7 +456,7 @@ def decode_response(body: bytes) -> Response:
         arr = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=True)
     except Exception:
         arr = None
-    if type(arr) is list and len(arr) == 6 and arr[0] == PROTOCOL_VERSION \
+    if type(arr) is list and len(arr) == 6 and type(arr[0]) is int and arr[0] == PROTOCOL_VERSION \
             and type(arr[1]) is int and arr[1] == Op.ADD:
         _, _, rid, status, lid, eid = arr
         if type(rid) is int and rid >= 0 and type(status) is int and type(lid) is int \
@@ -480,5 +482,6 @@ def refusal(request: Request, status: Status) -> Response:
         elif hasattr(request, name):
             values[name] = getattr(request, name)
         else:
-            values[name] = _DEFAULTS[kind]
+            default = _DEFAULTS[kind]
+            values[name] = list(default) if isinstance(default, list) else default
     return cast(Response, cls(**values))
