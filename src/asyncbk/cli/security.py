@@ -14,10 +14,12 @@ from ..net.security import TOKEN_ENV, client_context, read_token
 def add_client_security_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca", metavar="FILE",
                    help="connect to the bookies over TLS, checking them against this CA "
-                   "(PEM)")
+                   "(PEM; default: plain TCP)")
     p.add_argument("--tls-cert", metavar="FILE",
-                   help="this client's certificate (PEM), for bookies that require one")
-    p.add_argument("--tls-key", metavar="FILE", help="the key of --tls-cert (PEM)")
+                   help="this client's certificate (PEM), for bookies that require one "
+                   "(default: none)")
+    p.add_argument("--tls-key", metavar="FILE",
+                   help="the key of --tls-cert (PEM; default: none)")
     p.add_argument("--auth-token-file", metavar="FILE",
                    help=f"a file holding the token bookies ask for (default: the "
                    f"environment variable {TOKEN_ENV}, if set)")
