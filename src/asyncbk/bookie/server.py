@@ -18,6 +18,7 @@ import asyncio
 import gc
 import os
 import signal
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -86,11 +87,7 @@ class BookieServer:
         cfg = self.config
         try:
             # TLS material and tokens first: a mistake there is said before anything else.
-            tls = server_context(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_ca_file,
-                                 cfg.tls_require_client_cert) if cfg.tls_cert_file else None
-            http_tls = server_context(cfg.tls_cert_file, cfg.tls_key_file) \
-                if cfg.tls_cert_file else None
-            tokens = load_tokens(cfg.auth_tokens_file) if cfg.auth_tokens_file else None
+            tls, http_tls, tokens = await asyncio.to_thread(_security, cfg)
             # The store first: a bookie that cannot reach it creates nothing on disk.
             self.meta = await open_metadata_store(cfg.metadata_uri, timeout_s=cfg.metadata_timeout_s)
             # Before any verdict on the cookie: a second process for a live bookie (or
@@ -328,3 +325,17 @@ async def run_bookie(config: BookieConfig, ready_line: bool = True,
         if companion is not None:
             await companion.close()
         await server.stop()
+
+
+def _security(cfg: BookieConfig) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None,
+                                          list[bytes] | None]:
+    """The bookie protocol's TLS, the admin endpoint's (no client certificates asked)
+    and the tokens, from their files (ConfigError saying what is wrong)."""
+    if not cfg.tls_cert_file:
+        tls = http_tls = None
+    else:
+        tls = server_context(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_ca_file,
+                             cfg.tls_require_client_cert)
+        http_tls = server_context(cfg.tls_cert_file, cfg.tls_key_file)
+    tokens = load_tokens(cfg.auth_tokens_file) if cfg.auth_tokens_file else None
+    return tls, http_tls, tokens

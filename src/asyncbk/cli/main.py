@@ -348,7 +348,8 @@ def cmd_bookie(args: argparse.Namespace) -> int:
         from ..autorecovery.service import AutoRecovery
         from ..client.client import BookKeeper
 
-        bk = await BookKeeper.connect(config.metadata_uri, **_bookie_client_security(config))
+        security = await asyncio.to_thread(_bookie_client_security, config)
+        bk = await BookKeeper.connect(config.metadata_uri, **security)
         ar = AutoRecovery(bk, ar_config, process_id=f"bookie-{server.bookie_id}",
                           owns_client=True)
         server.http_extra_routes.extend(routes(ar))
@@ -388,7 +389,8 @@ def cmd_autorecovery(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        bk = await BookKeeper.connect(args.metadata_uri, **client_security(args))
+        security = await asyncio.to_thread(client_security, args)
+        bk = await BookKeeper.connect(args.metadata_uri, **security)
         ar = AutoRecovery(bk, ar_config, process_id=args.id, owns_client=True)
         http = None
         try:

@@ -364,7 +364,8 @@ def run_shell(args: argparse.Namespace, run: Callable[..., int],
         return _lastmark(args)
 
     async def go() -> int:
-        async with await BookKeeper.connect(args.metadata_uri, **client_security(args)) as bk:
+        security = await asyncio.to_thread(client_security, args)
+        async with await BookKeeper.connect(args.metadata_uri, **security) as bk:
             cmd = args.shell_command
             if cmd != "bookieformat":  # that one must work with every bookie down
                 await _require_cluster(bk, args.metadata_uri)

@@ -638,7 +638,8 @@ async def _run(args: argparse.Namespace) -> int:
     from .shell import _require_cluster
 
     cmd = args.stream_command
-    async with await BookKeeper.connect(args.metadata_uri, **client_security(args)) as bk:
+    security = await asyncio.to_thread(client_security, args)
+    async with await BookKeeper.connect(args.metadata_uri, **security) as bk:
         await _require_cluster(bk, args.metadata_uri)
         if cmd == "namespaces":
             async for name in bk.list_namespaces():
