@@ -28,7 +28,6 @@ from ..stream import codec
 from ..stream.meta import Segment
 from ..stream.namespace import Namespace
 from ..stream.position import Position
-from ..stream.reader import resolve_start
 
 HEADER_CACHE_MAX = 4096
 
@@ -163,8 +162,22 @@ class StreamIndex:
         return last.start_sequence + (await self.segment_end(last))[1]
 
     async def end_position(self) -> Position:
-        """Just after the last durable record (the next position to read)."""
-        return await resolve_start(self.ns, self.stream, Position.LATEST, None)
+        """Just after the last durable record (the next position to read), from this
+        index's segments and the last one's ledger (closed: after its end; open: after
+        its LAC), as ``resolve_start(LATEST)`` says it but without reading them again."""
+        if not self.segments:  # none at all yet, or none from ``from_seq`` on
+            return Position(max(1, self.from_seq), 0, 0)
+        last = self.segments[-1]
+        if last.completed:
+            return Position(last.seq + 1, 0, 0)
+        try:
+            rh = await self._handle(last)
+        except TruncatedError:  # an open segment whose ledger never came to be
+            return last.first_position
+        if rh.metadata.is_closed:  # taken over, not yet recorded: after its end
+            return Position(last.seq + 1, 0, 0)
+        last_entry, _ = await self.segment_end(last)
+        return Position(last.seq, last_entry + 1, 0)
 
     def truncated(self, pos: Position) -> bool:
         return self.first is not None and pos < self.first.first_position

@@ -181,26 +181,42 @@ def _data_loss(opts: ReadOptions, namespace: str, stream: str, what: str) -> Non
     _log.warning("data loss: skipping to the first record still there", detail=message)
 
 
+_Range = tuple[StreamIndex, Position, Position, int]
+
+
+async def _counted(idx: StreamIndex, begin: Position, stop: Position, opts: ReadOptions,
+                   namespace: str) -> _Range | None:
+    """``[begin, stop)`` of one stream with its record count (None: nothing to read, or
+    truncated away and failOnDataLoss is false)."""
+    try:
+        count = await idx.sequence_of(stop) - await idx.sequence_of(begin)
+    except TruncatedError as exc:
+        _data_loss(opts, namespace, idx.stream, str(exc))
+        return None
+    return (idx, begin, stop, count) if count > 0 else None
+
+
+async def _partitions(ranges: list[_Range], opts: ReadOptions) -> list[AsyncbkPartition]:
+    """The ranges cut into partitions of at most the bound (``maxRecordsPerPartition``,
+    finer for ``minPartitions``)."""
+    bound = partition_bound(sum(r[3] for r in ranges), opts.max_records_per_partition,
+                            opts.min_partitions)
+    out: list[AsyncbkPartition] = []
+    for idx, begin, stop, _ in ranges:
+        out.extend(AsyncbkPartition(p) for p in await idx.parts(begin, stop, bound))
+    return out
+
+
 async def _plan_batch(bk: BookKeeper, opts: ReadOptions) -> list[AsyncbkPartition]:
     ns = await namespace_of(bk, opts.namespace)
-    ranges: list[tuple[StreamIndex, Position, Position, int]] = []
+    ranges: list[_Range] = []
     for name in await _selected(ns, opts):
         idx = await StreamIndex.load(ns, name)
         start = await _resolve(ns, idx, opts.starting.for_stream(name), opts, "startingPositions")
         end = await _resolve(ns, idx, opts.ending.for_stream(name), opts, "endingPositions")
-        try:
-            count = await idx.sequence_of(end) - await idx.sequence_of(start)
-        except TruncatedError as exc:
-            _data_loss(opts, ns.name, name, str(exc))
-            continue
-        if count > 0:
-            ranges.append((idx, start, end, count))
-    bound = partition_bound(sum(r[3] for r in ranges), opts.max_records_per_partition,
-                            opts.min_partitions)
-    out: list[AsyncbkPartition] = []
-    for idx, start, end, _ in ranges:
-        out.extend(AsyncbkPartition(p) for p in await idx.parts(start, end, bound))
-    return out
+        if (r := await _counted(idx, start, end, opts, ns.name)) is not None:
+            ranges.append(r)
+    return await _partitions(ranges, opts)
 
 
 async def _read_slices(bk: BookKeeper, namespace: str, part: Part,
@@ -432,7 +448,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     async def _plan(self, bk: BookKeeper, start: dict[str, str],
                     end: dict[str, str]) -> list[AsyncbkPartition]:
         ns = await namespace_of(bk, self.opts.namespace)
-        ranges = []
+        ranges: list[_Range] = []
         for name in sorted(end):
             try:
                 idx = await StreamIndex.load(
@@ -449,19 +465,9 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 begin = idx.first_position
                 if stop < begin:
                     continue
-            try:
-                count = await idx.sequence_of(stop) - await idx.sequence_of(begin)
-            except TruncatedError as exc:
-                _data_loss(self.opts, ns.name, name, str(exc))
-                continue
-            if count > 0:
-                ranges.append((idx, begin, stop, count))
-        bound = partition_bound(sum(r[3] for r in ranges), self.opts.max_records_per_partition,
-                                self.opts.min_partitions)
-        out: list[AsyncbkPartition] = []
-        for idx, begin, stop, _ in ranges:
-            out.extend(AsyncbkPartition(p) for p in await idx.parts(begin, stop, bound))
-        return out
+            if (r := await _counted(idx, begin, stop, self.opts, ns.name)) is not None:
+                ranges.append(r)
+        return await _partitions(ranges, self.opts)
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> list[AsyncbkPartition]:
         return self._run(lambda bk: self._plan(bk, start, end))
