@@ -879,6 +879,24 @@ def single_completion(puts: list[dict[str, Any]]) -> bool:
     return [p["state"] for p in puts] == ["completed"]
 
 
+async def end_stream_held_at_commit(c: SimCluster, records: int
+                                    ) -> tuple[TxnGateStore, asyncio.Task[int]]:
+    """A writer (client "w") writes ``records`` records (txids 0..records-1) and ends the
+    stream: its end-of-stream entry is durable and its ledger closed, and it is held at
+    the commit recording that.  Returns its store (``txn_gate.set()`` lets the commit
+    go) and the task of ``mark_end_of_stream`` (cancel it: the writer dies)."""
+    wns = await namespace_of(c, "w")
+    w = await wns.open_writer(STREAM)
+    for t in range(records):
+        await w.write(data_for(t), txid=t)
+    sw = store_of(wns)
+    sw.txn_gate = asyncio.Event()
+    sw.txn_gate_if = single_completion
+    ending = asyncio.create_task(w.mark_end_of_stream())
+    await asyncio.wait_for(sw.txn_waiting.wait(), 30)
+    return sw, ending
+
+
 def test_opening_a_writer_while_the_stream_is_being_ended() -> None:
     """The writer ends the stream (its end-of-stream entry is durable, its ledger
     closed) and is held at its commit; an opener finds the end-of-stream entry while
@@ -886,16 +904,7 @@ def test_opening_a_writer_while_the_stream_is_being_ended() -> None:
     stream is ended, takes no writer, and readers get every record, then the end."""
     async def body() -> None:
         c, _ = await new_cluster(41)
-        book = Book()
-        wns = await namespace_of(c, "w")
-        w = await wns.open_writer(STREAM)
-        for t in (next(book.txids) for _ in range(7)):
-            book.acked[t] = await w.write(data_for(t), txid=t)
-        sw = store_of(wns)
-        sw.txn_gate = asyncio.Event()
-        sw.txn_gate_if = single_completion
-        ending = asyncio.create_task(w.mark_end_of_stream())
-        await asyncio.wait_for(sw.txn_waiting.wait(), 30)
+        sw, ending = await end_stream_held_at_commit(c, 7)
         ons = await namespace_of(c, "o")
         with pytest.raises(EndOfStreamError):
             await ons.open_writer(STREAM)
@@ -921,16 +930,7 @@ def test_two_openers_finding_the_end_of_stream_entry_both_get_end_of_stream() ->
     the metadata conflict."""
     async def body() -> None:
         c, _ = await new_cluster(43)
-        book = Book()
-        wns = await namespace_of(c, "w")
-        w = await wns.open_writer(STREAM)
-        for t in (next(book.txids) for _ in range(5)):
-            book.acked[t] = await w.write(data_for(t), txid=t)
-        sw = store_of(wns)
-        sw.txn_gate = asyncio.Event()
-        sw.txn_gate_if = single_completion
-        ending = asyncio.create_task(w.mark_end_of_stream())
-        await asyncio.wait_for(sw.txn_waiting.wait(), 30)
+        sw, ending = await end_stream_held_at_commit(c, 5)
         ending.cancel()  # the writer dies
         await asyncio.wait([ending])
         na, nb = await namespace_of(c, "a"), await namespace_of(c, "b")
@@ -957,16 +957,7 @@ def test_a_takeover_that_finds_the_end_of_stream_entry_ends_the_stream() -> None
     refuses with EndOfStreamError; readers stop after the last record."""
     async def body() -> None:
         c, _ = await new_cluster(42)
-        book = Book()
-        wns = await namespace_of(c, "w")
-        w = await wns.open_writer(STREAM)
-        for t in (next(book.txids) for _ in range(4)):
-            book.acked[t] = await w.write(data_for(t), txid=t)
-        sw = store_of(wns)
-        sw.txn_gate = asyncio.Event()
-        sw.txn_gate_if = single_completion
-        ending = asyncio.create_task(w.mark_end_of_stream())
-        await asyncio.wait_for(sw.txn_waiting.wait(), 30)
+        sw, ending = await end_stream_held_at_commit(c, 4)
         ending.cancel()  # the writer dies
         await asyncio.wait([ending])
         ons = await namespace_of(c, "o")
