@@ -12,6 +12,7 @@ bookie's routes:
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterator
 
 from aiohttp import web
@@ -85,14 +86,16 @@ def routes(ar: AutoRecovery) -> list[web.RouteDef]:
 
 
 class AutoRecoveryHttpServer:
-    """The HTTP endpoint of a stand-alone auto-recovery process."""
+    """The HTTP endpoint of a stand-alone auto-recovery process; HTTPS with
+    ``ssl_context`` (e.g. :func:`asyncbk.net.security.server_context`)."""
 
-    def __init__(self, ar: AutoRecovery, host: str, port: int) -> None:
+    def __init__(self, ar: AutoRecovery, host: str, port: int, *,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         async def healthz(request: web.Request) -> web.Response:
             return web.Response(text="ok\n")
 
         self._http = AdminHttp(host, port, [web.get("/healthz", healthz), *routes(ar)],
-                               [AutoRecoveryCollector(ar)])
+                               [AutoRecoveryCollector(ar)], ssl_context=ssl_context)
 
     async def start(self) -> int:
         return await self._http.start()

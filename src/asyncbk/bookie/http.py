@@ -144,6 +144,9 @@ class AdminHttpServer:
     def port(self) -> int:
         return self._http.port
 
+    def set_tokens(self, tokens: Sequence[bytes]) -> None:
+        self._http.set_tokens(tokens)
+
     async def start(self) -> int:
         return await self._http.start()
 

@@ -26,7 +26,10 @@ class AdminHttp:
 
     With ``tokens``, a request must carry ``Authorization: Bearer <token>`` (compared
     in constant time) or gets 401, except ``GET /metrics`` and ``GET /healthz`` while
-    ``open_reads``.  With ``ssl_context``, it is HTTPS."""
+    ``open_reads``.  With ``ssl_context``, it is HTTPS (give it a
+    :class:`~asyncbk.net.security.LiveServerTLS`'s context to renew its certificate
+    while it runs).  :meth:`set_tokens` replaces the tokens: every request is checked
+    against the list of the moment."""
 
     def __init__(self, host: str, port: int, routes: Sequence[web.RouteDef],
                  collectors: Sequence[Any], *, ssl_context: ssl.SSLContext | None = None,
@@ -42,6 +45,12 @@ class AdminHttp:
                               middlewares=[self._authorize] if self.tokens is not None else [])
         app.add_routes([web.get("/metrics", self._metrics), *routes])
         self._runner = web.AppRunner(app, access_log=None)
+
+    def set_tokens(self, tokens: Sequence[bytes]) -> None:
+        """Check requests against ``tokens`` from now on (an endpoint made without
+        tokens stays open)."""
+        if self.tokens is not None:
+            self.tokens = list(tokens)
 
     @web.middleware
     async def _authorize(self, request: web.Request, handler: Any) -> web.StreamResponse:

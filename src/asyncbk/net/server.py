@@ -12,7 +12,10 @@ logged with the peer); other connections are untouched.
 With ``tokens``, a connection must authenticate first: an AUTH request with one
 of the tokens (compared in constant time).  Until then every request is answered
 UNAUTHORIZED and nothing reaches the handler; a wrong token, too many refused
-requests, or no AUTH within ``auth_timeout_s`` closes the connection.  With
+requests, or no AUTH within ``auth_timeout_s`` closes the connection.  The tokens
+can be replaced while the listener runs (:meth:`BookieListener.set_tokens`): new
+AUTH handshakes use the new list at once, and a connection that authenticated with
+a token no longer in it is closed (those with a token still in it carry on).  With
 ``ssl``, connections are TLS (a handshake is bounded by the same timeout).  Flow control: when
 the socket's write buffer passes its high-water mark, or the handler asks for
 backpressure, the connection stops reading until it drains.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import hmac
 import socket
 import ssl
@@ -55,6 +59,11 @@ def token_matches(given: bytes, tokens: Sequence[bytes]) -> bool:
     return found
 
 
+def token_digest(token: bytes) -> bytes:
+    """What a connection keeps of the token it authenticated with (not the token)."""
+    return hashlib.sha256(token).digest()
+
+
 class RequestHandler(Protocol):
     def handle(self, request: Request, conn: ServerConnection) -> None:
         """Process ``request``; must eventually call ``conn.respond`` exactly once
@@ -76,6 +85,8 @@ class ServerConnection(asyncio.Protocol):
         self._log: Any = server.log
         self.closed = False
         self.authenticated = server.tokens is None
+        self.token_digest: bytes | None = None
+        """The SHA-256 of the token this connection authenticated with (None: none)."""
         self._refused = 0
         self._auth_timer: asyncio.TimerHandle | None = None
         self.inflight = 0
@@ -117,6 +128,13 @@ class ServerConnection(asyncio.Protocol):
         if self._transport is not None:
             self._flush()
             self._transport.close()
+
+    def revoke(self) -> None:
+        """Its token was revoked: nothing more reaches the handler; close."""
+        self.authenticated = False
+        self.token_digest = None
+        self._backlog.clear()
+        self.close()
 
     # ---- asyncio.Protocol
 
@@ -194,6 +212,8 @@ class ServerConnection(asyncio.Protocol):
                                       else Status.UNAUTHORIZED))
             if ok:
                 self.authenticated = True
+                if server.tokens is not None:
+                    self.token_digest = token_digest(request.token)
                 if self._auth_timer is not None:
                     self._auth_timer.cancel()
                     self._auth_timer = None
@@ -282,6 +302,24 @@ class BookieListener:
         self.connections: set[ServerConnection] = set()
         self.protocol_errors = 0
         self._server: asyncio.Server | None = None
+
+    def set_tokens(self, tokens: Sequence[bytes]) -> int:
+        """Use ``tokens`` from now on (a listener made without tokens stays without).
+        New AUTH handshakes check the new list; connections that authenticated with a
+        token no longer in it are closed (their clients, reconnecting, are refused).
+        Returns how many were closed."""
+        if self.tokens is None:
+            return 0
+        self.tokens = list(tokens)  # a new list: a handshake never sees half of one
+        kept = {token_digest(t) for t in self.tokens}
+        revoked = [c for c in self.connections
+                   if c.token_digest is not None and c.token_digest not in kept]
+        for conn in revoked:
+            conn.revoke()
+        if revoked:
+            self.log.warning("token revoked, closing its connections",
+                             connections=len(revoked))
+        return len(revoked)
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port (useful with port 0)."""
