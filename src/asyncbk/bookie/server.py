@@ -30,7 +30,13 @@ from ..errors import BKError, ConfigError
 from ..log import get_logger
 from ..meta.api import MetadataStore
 from ..meta.uri import open_metadata_store, parse_metadata_uri
-from ..net.security import load_tokens, server_context
+from ..net.security import (
+    Credential,
+    CredentialReloader,
+    LiveServerTLS,
+    load_tokens,
+    server_context,
+)
 from ..net.server import BookieListener
 from .cookie import DirectoryLock, check_or_format
 from .gc import GarbageCollector
@@ -82,12 +88,25 @@ class BookieServer:
         self._gc_task: asyncio.Task[None] | None = None
         self.http_extra_routes: list[Any] = []
         self.http_extra_collectors: list[Any] = []
+        self.tls: LiveServerTLS | None = None
+        """The bookie protocol's TLS (renewed by ``reloader``)."""
+        self.http_tls: LiveServerTLS | None = None
+        """The admin endpoint's TLS (renewed by ``reloader``)."""
+        self.reloader: CredentialReloader | None = None
+        """Reloads the certificate, key, CA and tokens: on :meth:`reload_credentials`
+        (SIGHUP) and when their files change."""
 
     async def start(self) -> None:
         cfg = self.config
         try:
             # TLS material and tokens first: a mistake there is said before anything else.
+            # (The files are noted first, so a change from now on is reloaded.)
+            self.reloader = CredentialReloader(self._credentials(), clock=self.clock,
+                                               log=self.log)
+            await self.reloader.snapshot()
             tls, http_tls, tokens = await asyncio.to_thread(_security, cfg)
+            self.tls = LiveServerTLS(tls) if tls is not None else None
+            self.http_tls = LiveServerTLS(http_tls) if http_tls is not None else None
             # The store first: a bookie that cannot reach it creates nothing on disk.
             self.meta = await open_metadata_store(cfg.metadata_uri, timeout_s=cfg.metadata_timeout_s)
             # Before any verdict on the cookie: a second process for a live bookie (or
@@ -106,7 +125,7 @@ class BookieServer:
                 write_buffer_bytes_high=cfg.connection_write_buffer_bytes_high,
                 connections_max=cfg.connections_max,
                 log=self.log,
-                ssl_context=tls,
+                ssl_context=self.tls.context if self.tls is not None else None,
                 tokens=tokens,
                 auth_timeout_s=cfg.auth_timeout_s,
                 requests_max=cfg.connection_requests_max,
@@ -119,7 +138,8 @@ class BookieServer:
                     self, cfg.http_host, cfg.http_port, self.http_extra_routes,
                     self.http_extra_collectors,
                     # HTTPS with the bookie's certificate (no client certificate asked)
-                    ssl_context=http_tls,
+                    ssl_context=self.http_tls.context if self.http_tls is not None
+                    else None,
                     tokens=tokens,
                     open_reads=cfg.http_open_reads)
                 port = await self.http.start()
@@ -145,10 +165,49 @@ class BookieServer:
                                        lambda: registration.lease_id, self.log,
                                        clock=self.clock)
             self._gc_task = asyncio.get_running_loop().create_task(self.gc.run_forever())
+            self.reloader.start()
         except BaseException:
             await self._close_parts()
             raise
         self.log.info("bookie started", journal_dir=cfg.journal_dir, ledger_dir=cfg.ledger_dir)
+
+    def _credentials(self) -> list[Credential]:
+        """What ``reloader`` keeps up to date: the TLS material (both contexts, from the
+        same files) and the tokens."""
+        cfg = self.config
+        out = []
+        if cfg.tls_cert_file:
+            files = (cfg.tls_cert_file, cfg.tls_key_file,
+                     *((cfg.tls_ca_file,) if cfg.tls_ca_file else ()))
+            out.append(Credential("TLS material", files, lambda: _tls_contexts(cfg),
+                                  self._use_tls))
+        if cfg.auth_tokens_file:
+            path = cfg.auth_tokens_file
+            out.append(Credential("tokens", (path,), lambda: load_tokens(path),
+                                  self._use_tokens))
+        return out
+
+    def _use_tls(self, contexts: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+        if self.tls is not None:
+            self.tls.swap(contexts[0])
+        if self.http_tls is not None:
+            self.http_tls.swap(contexts[1])
+
+    def _use_tokens(self, tokens: list[bytes]) -> None:
+        if self.listener is not None:
+            self.listener.set_tokens(tokens)
+        if self.http is not None:
+            self.http.set_tokens(tokens)
+
+    def reload_credentials(self) -> None:
+        """Read the certificate, key, CA and tokens files again, off the event loop
+        (returns at once; what a SIGHUP does).  New connections use the new
+        certificate; connections made already keep theirs.  New handshakes check the
+        new tokens; connections that authenticated with a removed token are closed.
+        Unusable files change nothing: a warning says what is wrong and the old
+        material stays in use."""
+        if self.reloader is not None:
+            self.reloader.request_reload()
 
     async def _watch_disk(self) -> None:
         """Turn read-only when a disk (ledger or journal) is nearly full, writable again
@@ -240,6 +299,8 @@ class BookieServer:
             self.log.info("bookie stopped")
 
     async def _close_parts(self) -> None:
+        if self.reloader is not None:
+            await self.reloader.close()
         if self.http is not None:
             await self.http.close()
             self.http = None
@@ -292,18 +353,20 @@ def disk_read_only(read_only_now: bool, used: float, threshold: float,
 async def run_bookie(config: BookieConfig, ready_line: bool = True,
                      companion_factory: Callable[[BookieServer], Awaitable[Companion]]
                      | None = None) -> None:
-    """Run a bookie until SIGTERM / SIGINT, then stop it gracefully.  A companion
-    (made before the bookie starts, so it can add HTTP routes) runs beside it."""
+    """Run a bookie until SIGTERM / SIGINT, then stop it gracefully; SIGHUP reloads its
+    certificate, key, CA and tokens.  A companion (made before the bookie starts, so it
+    can add HTTP routes) runs beside it."""
     server = BookieServer(config)
     companion = await companion_factory(server) if companion_factory is not None else None
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_requested.set)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_credentials)
     try:
         await server.start()
     except BaseException:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         if companion is not None:
             await companion.close()
@@ -320,7 +383,7 @@ async def run_bookie(config: BookieConfig, ready_line: bool = True,
             print(f"ready {server.bookie_id}", flush=True)  # noqa: T201
         await stop_requested.wait()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         if companion is not None:
             await companion.close()
@@ -331,11 +394,14 @@ def _security(cfg: BookieConfig) -> tuple[ssl.SSLContext | None, ssl.SSLContext 
                                           list[bytes] | None]:
     """The bookie protocol's TLS, the admin endpoint's (no client certificates asked)
     and the tokens, from their files (ConfigError saying what is wrong)."""
-    if not cfg.tls_cert_file:
-        tls = http_tls = None
-    else:
-        tls = server_context(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_ca_file,
-                             cfg.tls_require_client_cert)
-        http_tls = server_context(cfg.tls_cert_file, cfg.tls_key_file)
+    tls, http_tls = _tls_contexts(cfg) if cfg.tls_cert_file else (None, None)
     tokens = load_tokens(cfg.auth_tokens_file) if cfg.auth_tokens_file else None
     return tls, http_tls, tokens
+
+
+def _tls_contexts(cfg: BookieConfig) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The bookie protocol's TLS and the admin endpoint's (no client certificate asked),
+    from the same certificate and key."""
+    return (server_context(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_ca_file,
+                           cfg.tls_require_client_cert),
+            server_context(cfg.tls_cert_file, cfg.tls_key_file))
