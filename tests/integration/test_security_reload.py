@@ -172,7 +172,9 @@ async def test_sighup_renews_the_certificate_of_new_connections(tmp_path: Path) 
                              str(cluster.tls.client_key))
         host, port = parse_bookie_id(bookie.id)
 
-        async def served() -> bytes:
+        async def served(port: int = port) -> bytes:
+            """The certificate a new connection is shown (the bookie protocol's port,
+            else the admin endpoint's)."""
             async with asyncio.timeout(10):
                 _r, writer = await asyncio.open_connection(host, port, ssl=ctx,
                                                            server_hostname=host)
@@ -185,6 +187,7 @@ async def test_sighup_renews_the_certificate_of_new_connections(tmp_path: Path) 
 
         first = await served()
         assert first == ssl.PEM_cert_to_DER_cert(cluster.tls.server_cert.read_text())
+        assert await served(bookie.http_port) == first
         before = await Session.open(bookie.id, ctx, OLD_TOKEN)
         try:
             assert authenticated(await before.answers(2))
@@ -201,6 +204,7 @@ async def test_sighup_renews_the_certificate_of_new_connections(tmp_path: Path) 
             await eventually(lambda: log_has(bookie.log_path, "TLS material reloaded"))
             new = ssl.PEM_cert_to_DER_cert(leaf.cert_chain_pems[0].bytes().decode())
             assert await served() == new
+            assert await served(bookie.http_port) == new  # HTTPS admin endpoint too
             # the connection made before carries on, with the old certificate
             assert before.writer.get_extra_info("ssl_object").getpeercert(True) == first
             before.writer.write(encode_request(ReadLacRequest(3, 1)))
