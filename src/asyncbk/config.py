@@ -99,6 +99,17 @@ class BookieConfig:
     auth_timeout_s: float = 10.0
     """How long a connection may stay unauthenticated (and a TLS handshake may take)."""
 
+    # security towards etcd (see asyncbk.net.etcd_security): TLS with an etcds:// URI
+    etcd_tls_ca_file: str = ""
+    """CA of etcd's certificate (default: ``tls_ca_file``)."""
+    etcd_tls_cert_file: str = ""
+    """Client certificate for etcd (default: ``tls_cert_file``, with ``tls_key_file``)."""
+    etcd_tls_key_file: str = ""
+    etcd_user: str = ""
+    """etcd user name, when etcd has authentication enabled."""
+    etcd_password_file: str = ""
+    """File whose first line is the etcd user's password (or ASYNCBK_ETCD_PASSWORD)."""
+
     # HTTP admin (/metrics, /healthz, /api/v1/bookie/...)
     http_enabled: bool = False
     http_host: str = "127.0.0.1"
@@ -126,6 +137,11 @@ class BookieConfig:
         if self.tls_require_client_cert and not (self.tls_cert_file and self.tls_ca_file):
             raise ConfigError("tls_require_client_cert needs TLS (--tls-cert, --tls-key) and "
                               "the CA of the clients' certificates (--tls-ca)")
+        if bool(self.etcd_tls_cert_file) != bool(self.etcd_tls_key_file):
+            raise ConfigError("a client certificate for etcd needs both etcd_tls_cert_file and "
+                              "etcd_tls_key_file (--etcd-cert and --etcd-key)")
+        if self.etcd_password_file and not self.etcd_user:
+            raise ConfigError("etcd_password_file needs etcd_user (--etcd-user)")
         if self.auth_timeout_s <= 0:
             raise ConfigError("auth_timeout_s must be > 0")
         for name in ("minor_compaction_threshold", "major_compaction_threshold"):

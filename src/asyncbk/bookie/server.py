@@ -30,6 +30,7 @@ from ..errors import BKError, ConfigError
 from ..log import get_logger
 from ..meta.api import MetadataStore
 from ..meta.uri import open_metadata_store, parse_metadata_uri
+from ..net.etcd_security import bookie_etcd_security
 from ..net.security import (
     Credential,
     CredentialReloader,
@@ -108,7 +109,9 @@ class BookieServer:
             self.tls = LiveServerTLS(tls) if tls is not None else None
             self.http_tls = LiveServerTLS(http_tls) if http_tls is not None else None
             # The store first: a bookie that cannot reach it creates nothing on disk.
-            self.meta = await open_metadata_store(cfg.metadata_uri, timeout_s=cfg.metadata_timeout_s)
+            etcd = await asyncio.to_thread(bookie_etcd_security, cfg)
+            self.meta = await open_metadata_store(cfg.metadata_uri, timeout_s=cfg.metadata_timeout_s,
+                                                  **etcd.store_options())
             # Before any verdict on the cookie: a second process for a live bookie (or
             # on a taken port) is told so, not that its disk was wiped.
             await check_not_running(self.meta, self.bookie_id, cfg.host, cfg.port)

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from .._version import __version__
 from ..errors import BKError, ConfigError
 from . import argtypes
-from .security import add_client_security_options, client_security
+from .security import add_client_security_options, add_etcd_security_options, client_security
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
@@ -237,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth-tokens-file", metavar="FILE",
                    help="accept requests only from connections that authenticate with one of "
                    "the tokens in this file (one per line)")
+    add_etcd_security_options(p)
     _add_autorecovery_options(p)
     _add_log_options(p)
 
@@ -251,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=_port,
                    help="serve /healthz, /metrics and /api/v1/autorecovery/... on this port")
     p.add_argument("--http-host", default="127.0.0.1", help="address of the HTTP endpoint")
+    p.add_argument("--http-tls-cert", metavar="FILE",
+                   help="serve the HTTP endpoint over HTTPS with this certificate (PEM; "
+                   "default: plain HTTP)")
+    p.add_argument("--http-tls-key", metavar="FILE", help="the key of --http-tls-cert (PEM)")
     add_client_security_options(p)
     _add_autorecovery_options(p)
     _add_log_options(p)
@@ -327,7 +332,10 @@ def cmd_bookie(args: argparse.Namespace) -> int:
             values[opt] = v
     for opt, key in (("tls_cert", "tls_cert_file"), ("tls_key", "tls_key_file"),
                      ("tls_ca", "tls_ca_file"), ("auth_tokens_file", "auth_tokens_file"),
-                     ("tls_require_client_cert", "tls_require_client_cert")):
+                     ("tls_require_client_cert", "tls_require_client_cert"),
+                     ("etcd_ca", "etcd_tls_ca_file"), ("etcd_cert", "etcd_tls_cert_file"),
+                     ("etcd_key", "etcd_tls_key_file"), ("etcd_user", "etcd_user"),
+                     ("etcd_password_file", "etcd_password_file")):
         v = getattr(args, opt)
         if v is not None:
             values[key] = v
@@ -361,20 +369,25 @@ def cmd_bookie(args: argparse.Namespace) -> int:
 
 def _bookie_client_security(config: Any) -> dict[str, Any]:
     """What a bookie's in-process client presents to other bookies: its own CA and
-    certificate, and the first of its tokens."""
+    certificate, and the first of its tokens; to etcd, what the bookie does."""
+    from ..net.etcd_security import bookie_etcd_security
     from ..net.security import client_context, load_tokens
 
     ctx = client_context(config.tls_ca_file, config.tls_cert_file, config.tls_key_file) \
         if config.tls_cert_file else None
     token = load_tokens(config.auth_tokens_file)[0].decode() if config.auth_tokens_file \
         else None
-    return {"ssl": ctx, "token": token}
+    return {"ssl": ctx, "token": token, **bookie_etcd_security(config).connect_options()}
 
 
 def cmd_autorecovery(args: argparse.Namespace) -> int:
     from ..meta.uri import parse_metadata_uri
 
     parse_metadata_uri(args.metadata_uri)
+    if bool(args.http_tls_cert) != bool(args.http_tls_key):
+        raise CliError("HTTPS needs both --http-tls-cert and --http-tls-key")
+    if args.http_tls_cert and args.http_port is None:
+        raise CliError("--http-tls-cert is for the HTTP endpoint: give --http-port too")
     ar_config = _autorecovery_config(args)
     _configure_logging(args)
 
@@ -384,19 +397,23 @@ def cmd_autorecovery(args: argparse.Namespace) -> int:
         from ..autorecovery.http import AutoRecoveryHttpServer
         from ..autorecovery.service import AutoRecovery
         from ..client.client import BookKeeper
+        from ..net.security import server_context
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         security = await asyncio.to_thread(client_security, args)
+        http_tls = await asyncio.to_thread(server_context, args.http_tls_cert,
+                                           args.http_tls_key) if args.http_tls_cert else None
         bk = await BookKeeper.connect(args.metadata_uri, **security)
         ar = AutoRecovery(bk, ar_config, process_id=args.id, owns_client=True)
         http = None
         try:
             await ar.start()
             if args.http_port is not None:
-                http = AutoRecoveryHttpServer(ar, args.http_host, args.http_port)
+                http = AutoRecoveryHttpServer(ar, args.http_host, args.http_port,
+                                              ssl_context=http_tls)
                 await http.start()
             print(f"ready autorecovery {ar.id}", flush=True)
             await stop.wait()

@@ -159,16 +159,27 @@ class BookKeeper:
 
     @classmethod
     async def connect(cls, metadata_uri: str, *, ssl: ssl_module.SSLContext | None = None,
-                      token: str | None = None, **options: Any) -> Self:
+                      token: str | None = None, etcd_ssl: ssl_module.SSLContext | None = None,
+                      etcd_user: str | None = None, etcd_password: str | None = None,
+                      **options: Any) -> Self:
         """Connect to the cluster whose metadata lives at ``metadata_uri``
-        (``etcd://host:port[,host:port...]/<root>``).  ``ssl``: TLS to the bookies (a
-        client context: the CA that signed them, and this client's certificate where
-        they require one); ``token``: what bookies started with ``--auth-tokens-file``
-        ask for.  ``options`` are ClientConfig fields."""
+        (``etcd://host:port[,host:port...]/<root>``, ``etcds://`` for etcd over TLS).
+
+        ``ssl``: TLS to the bookies (a client context: the CA that signed them, and
+        this client's certificate where they require one); with an ``etcds://`` URI
+        also to etcd, unless ``etcd_ssl`` is given.  ``token``: what bookies started
+        with ``--auth-tokens-file`` ask for.  ``etcd_user`` and ``etcd_password``:
+        etcd's own authentication.  ``options`` are ClientConfig fields."""
         if token is not None and (not isinstance(token, str) or not token):
             raise TypeError("token must be a non-empty str")
+        for name, value in (("etcd_user", etcd_user), ("etcd_password", etcd_password)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"{name} must be a non-empty str")
         config = from_mapping(ClientConfig, options, "BookKeeper.connect options")
-        meta = await open_metadata_store(metadata_uri, timeout_s=config.metadata_timeout_s)
+        if etcd_ssl is None and metadata_uri.strip().lower().startswith("etcds://"):
+            etcd_ssl = ssl
+        meta = await open_metadata_store(metadata_uri, timeout_s=config.metadata_timeout_s,
+                                         ssl=etcd_ssl, user=etcd_user, password=etcd_password)
         bk = cls(meta, config, ssl=ssl, token=token)
         bk.bookies.start()
         return bk

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import random
+import ssl
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
@@ -44,8 +45,17 @@ from typing import Any, TypeVar
 
 import aiohttp
 from etcd3 import AioClient
+from etcd3.baseclient import BaseClient
 from etcd3.baseclient import sem as _semver
-from etcd3.errors import ErrLeaseNotFound, Etcd3Exception
+from etcd3.errors import (
+    ErrAuthFailed,
+    ErrAuthNotEnabled,
+    ErrInvalidAuthToken,
+    ErrLeaseNotFound,
+    ErrPermissionDenied,
+    ErrUserEmpty,
+    Etcd3Exception,
+)
 from etcd3.models import (
     CompareCompareResult,
     CompareCompareTarget,
@@ -92,24 +102,44 @@ _GRPC_UNAVAILABLE = 14
 
 
 class _AioClient(AioClient):
-    """etcd3-py's AioClient without the blocking version probe in its constructor."""
+    """etcd3-py's AioClient without the blocking version probe in its constructor,
+    and with TLS from a context of ours.
+
+    etcd3-py builds its own context, and only when given a client certificate:
+    without hostname checking, and with no way to trust a CA without presenting
+    a certificate.  So its constructor is skipped (``BaseClient``'s runs) and the
+    session is made here, on ``ssl_context`` (or plain HTTP without one)."""
+
+    def __init__(self, host: str, port: int, timeout: aiohttp.ClientTimeout,
+                 ssl_context: ssl.SSLContext | None) -> None:
+        BaseClient.__init__(
+            self, host=host, port=port, protocol="https" if ssl_context else "http",
+            timeout=timeout, server_version=_ASSUMED_SERVER_VERSION,
+            cluster_version=_ASSUMED_SERVER_VERSION)
+        self.ssl_context = ssl_context
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=_POOL_SIZE,
+                                           ssl=ssl_context if ssl_context else False))
 
     def _retrieve_version(self) -> None:
         self.server_version_sem = _semver.Version(self.server_version)
         self.cluster_version_sem = _semver.Version(self.cluster_version)
 
+    def __repr__(self) -> str:  # etcd3-py keeps the password on the client
+        return f"<etcd client {self.host}:{self.port}>"
 
-def new_client(host: str, port: int, connect_timeout_s: float = TIMEOUT_S_DEFAULT) -> Any:
-    """An etcd3-py ``AioClient`` for etcd >= 3.4 at ``host:port``, made without
-    the blocking version probe of etcd3-py's constructor.  Call it inside the
-    running loop (it opens an aiohttp session); ``await client.close()`` it."""
-    return _AioClient(
-        host=host,
-        port=port,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
-        server_version=_ASSUMED_SERVER_VERSION,
-        cluster_version=_ASSUMED_SERVER_VERSION,
-    )
+
+_POOL_SIZE = 30
+
+
+def new_client(host: str, port: int, connect_timeout_s: float = TIMEOUT_S_DEFAULT,
+               ssl_context: ssl.SSLContext | None = None) -> Any:
+    """An etcd3-py ``AioClient`` for etcd >= 3.4 at ``host:port`` (HTTPS with
+    ``ssl_context``), made without the blocking version probe of etcd3-py's
+    constructor.  Call it inside the running loop (it opens an aiohttp session);
+    ``await client.close()`` it."""
+    return _AioClient(host, port, aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
+                      ssl_context)
 
 
 def _key(key: str) -> bytes:
@@ -179,7 +209,12 @@ class EtcdMetadataStore:
         *,
         watch_backoff_s_max: float = WATCH_BACKOFF_S_MAX,
         clock: Clock = SYSTEM_CLOCK,
+        ssl_context: ssl.SSLContext | None = None,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
+        if (user is None) != (password is None):
+            raise ValueError("etcd authentication needs both a user name and a password")
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
         if not timeout_s > 0:
@@ -190,6 +225,11 @@ class EtcdMetadataStore:
         self._watch_backoff_s_max = watch_backoff_s_max
         self._clock = clock
         """Wall-clock source of the times this store writes (under-replication marks)."""
+        self._ssl_context = ssl_context
+        self.user = user
+        """The etcd user this store authenticates as (None: etcd without auth)."""
+        self._password = password
+        self._auth_lock = asyncio.Lock()
         self._clients: list[Any] = [None] * len(self.endpoints)
         self._current = 0
         self._closed = False
@@ -204,12 +244,16 @@ class EtcdMetadataStore:
         *,
         watch_backoff_s_max: float = WATCH_BACKOFF_S_MAX,
         clock: Clock = SYSTEM_CLOCK,
+        ssl_context: ssl.SSLContext | None = None,
+        user: str | None = None,
+        password: str | None = None,
     ) -> EtcdMetadataStore:
         """A store whose etcd answered: ``/version`` (>= 3.4) on some endpoint,
-        then a read of the instance id key.  Raises MetadataError ("cannot reach
-        etcd at ...: is etcd running?") if no endpoint answers."""
+        then (as ``user``, when given) a read of the instance id key.  Raises
+        MetadataError ("cannot reach etcd at ...: is etcd running?") if no
+        endpoint answers, or saying what etcd refused (TLS, user, permission)."""
         store = cls(endpoints, root, timeout_s, watch_backoff_s_max=watch_backoff_s_max,
-                    clock=clock)
+                    clock=clock, ssl_context=ssl_context, user=user, password=password)
         try:
             await store._probe()
         except BaseException:
@@ -234,9 +278,47 @@ class EtcdMetadataStore:
             host, port = self.endpoints[index]
             # The whole call is bounded by asyncio.timeout(timeout_s); the connect
             # timeout only keeps one dead endpoint from eating all of that budget.
-            client = new_client(host, port, self.timeout_s / len(self.endpoints))
+            client = new_client(host, port, self.timeout_s / len(self.endpoints),
+                                self._ssl_context)
             self._clients[index] = client
         return client
+
+    async def _authed_client(self, index: int) -> Any:
+        """The client of endpoint ``index``, authenticated first when this store has
+        a user (etcd hands out a token, sent with every later request)."""
+        client = self._client(index)
+        if self.user is None or client.token:
+            return client
+        async with self._auth_lock:  # one authentication at a time (etcd hashes with bcrypt)
+            if client.token:
+                return client
+            try:
+                # Not etcd3-py's auth(), which clears the token while it waits: calls
+                # running meanwhile would go out without one.
+                client.token = (await client.authenticate(self.user, self._password)).token
+            except (ErrAuthFailed, ErrUserEmpty):
+                raise MetadataError(
+                    f"etcd at {self._endpoint_text(index)} refused user {self.user!r}: wrong "
+                    "user name or password (check --etcd-user and --etcd-password-file)"
+                ) from None
+            except ErrAuthNotEnabled:
+                raise MetadataError(
+                    f"etcd at {self._endpoint_text(index)} has authentication disabled, but "
+                    f"user {self.user!r} was given: drop --etcd-user, or enable auth in etcd"
+                ) from None
+        return client
+
+    def _forget_token(self, index: int, exc: BaseException) -> bool:
+        """Whether ``exc`` says the token of endpoint ``index`` is no longer valid (etcd
+        drops a simple token unused for ``--auth-token-ttl``, and all of them when it
+        restarts); if so the token is forgotten, so the next call authenticates anew."""
+        if self.user is None or not (isinstance(exc, ErrInvalidAuthToken)
+                                     or "invalid auth token" in str(exc)):
+            return False
+        client = self._clients[index]
+        if client is not None:
+            client.token = None
+        return True
 
     def _failed(self, index: int) -> None:
         """Move off endpoint ``index`` (unless another call already did)."""
@@ -274,9 +356,16 @@ class EtcdMetadataStore:
         for attempt in range(max(2, len(self.endpoints))):
             index = (start + attempt) % len(self.endpoints)
             endpoint = self._endpoint_text(index)
-            client = self._client(index)
             try:
-                return await op(client)
+                client = await self._authed_client(index)
+                try:
+                    return await op(client)
+                except (ErrInvalidAuthToken, MetadataError) as exc:
+                    # Refused before it was applied: authenticate again and repeat.
+                    # (A streamed answer, a lease keep-alive's, says it as MetadataError.)
+                    if not self._forget_token(index, exc):
+                        raise
+                    return await op(await self._authed_client(index))
             except _NOT_SENT_ERRORS as exc:
                 failures.append(f"{endpoint}: {exc}")
                 self._failed(index)
@@ -287,6 +376,16 @@ class EtcdMetadataStore:
                     raise MetadataError(
                         f"etcd {what} at {endpoint} failed, outcome unknown: {exc!r}"
                     ) from exc
+            except ErrPermissionDenied:
+                raise MetadataError(
+                    f"etcd {what} at {endpoint}: permission denied to user {self.user!r}; "
+                    f"grant it read-write on the prefix {self.root or '/'} (etcdctl role "
+                    "grant-permission --prefix)") from None
+            except (ErrUserEmpty, ErrInvalidAuthToken):
+                raise MetadataError(
+                    f"etcd {what} at {endpoint}: etcd requires authentication; give "
+                    "--etcd-user and --etcd-password-file (or etcd_user/etcd_password)"
+                ) from None
             except Etcd3Exception as exc:
                 if not _is_unavailable(exc):
                     raise MetadataError(f"etcd {what} at {endpoint} failed: {exc}") from exc
@@ -314,7 +413,8 @@ class EtcdMetadataStore:
                         resp.raise_for_status()
                         info = await resp.json(content_type=None)
             except (aiohttp.ClientError, builtins.TimeoutError, ValueError) as exc:
-                failures.append(f"{endpoint}: {str(exc) or type(exc).__name__}")
+                failures.append(f"{endpoint}: {str(exc) or type(exc).__name__}"
+                                f"{self._tls_hint(exc)}")
                 continue
             version = str(info.get("etcdserver", "")) if isinstance(info, dict) else ""
             try:
@@ -336,6 +436,19 @@ class EtcdMetadataStore:
         # The KV API answers too (and the root prefix is readable).
         key = keys.instance_id(self.root)
         await self._call("probe read", lambda c: c.range(_key(key)), retry_unknown=True)
+
+    def _tls_hint(self, exc: BaseException) -> str:
+        if isinstance(exc, aiohttp.ClientSSLError):
+            return (" (TLS failed: is the etcd certificate signed by the CA given with "
+                    "--etcd-ca/--tls-ca, and does it name this host?)")
+        if self._ssl_context is None and (
+                isinstance(exc, aiohttp.ServerDisconnectedError)
+                or isinstance(exc, aiohttp.ClientResponseError) and exc.status == 400):
+            return " (does this etcd serve TLS? then write the URI as etcds://...)"
+        if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) \
+                and self._ssl_context is not None:
+            return " (does this etcd serve TLS? a plain etcd is etcd://...)"
+        return ""
 
     async def _range_prefix(self, prefix: str) -> tuple[list[Any], int]:
         """All key-values under ``prefix`` and the revision they were read at."""
@@ -582,7 +695,8 @@ class EtcdMetadataStore:
                     }
                 }
                 stream = stream_json(
-                    self._client(stream_index), "/watch", request, connect_timeout_s=self.timeout_s
+                    await self._authed_client(stream_index), "/watch", request,
+                    connect_timeout_s=self.timeout_s,
                 )
                 async with aclosing(stream):
                     while (result := await self._next_unless_closed(stream)) is not None:
@@ -616,6 +730,8 @@ class EtcdMetadataStore:
                     return
                 if stream_index is not None and isinstance(exc, aiohttp.ClientError | OSError):
                     self._failed(stream_index)
+                if stream_index is not None:
+                    self._forget_token(stream_index, exc)
                 _log.warning("bookie watch failed; re-listing", root=self.root, error=repr(exc))
             await self._sleep_unless_closed(backoff.next_delay_s())
 

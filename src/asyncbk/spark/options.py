@@ -27,9 +27,11 @@ KNOWN = {
     "metadatauri", "namespace", "streams", "streamspattern", "ledgers", "startingpositions",
     "endingpositions", "failondataloss", "maxrecordspertrigger", "maxrecordsperpartition",
     "minpartitions", "stream", "sinkid", "batchid", "operationtimeouts", "path",
-    "tlscafile", "tlscertfile", "tlskeyfile", "authtokenfile",
+    "tlscafile", "tlscertfile", "tlskeyfile", "authtokenfile", "etcduser", "etcdpasswordfile",
+    "etcdtlscafile", "etcdtlscertfile", "etcdtlskeyfile",
 }
-SECURITY = {"tlscafile", "tlscertfile", "tlskeyfile", "authtokenfile"}
+SECURITY = {"tlscafile", "tlscertfile", "tlskeyfile", "authtokenfile", "etcduser",
+            "etcdpasswordfile", "etcdtlscafile", "etcdtlscertfile", "etcdtlskeyfile"}
 """Lower-cased names this source knows (``path`` is what ``load(x)``/``save(x)`` set)."""
 
 GLOB_CHARS = set("*?[")
@@ -86,6 +88,11 @@ class ReadOptions:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     auth_token_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
+    etcd_tls_ca_file: str = ""
+    etcd_tls_cert_file: str = ""
+    etcd_tls_key_file: str = ""
 
     @property
     def over_ledgers(self) -> bool:
@@ -118,6 +125,11 @@ class WriteOptions:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     auth_token_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
+    etcd_tls_ca_file: str = ""
+    etcd_tls_cert_file: str = ""
+    etcd_tls_key_file: str = ""
 
 
 def _get(options: Mapping[str, Any], name: str) -> str | None:
@@ -146,9 +158,9 @@ def _metadata_uri(options: Mapping[str, Any]) -> str:
             "option metadataUri is required: the cluster's metadata URI, e.g. "
             "etcd://127.0.0.1:2379/asyncbk (what `asyncbk standalone` prints)")
     uri = uri.strip()
-    if not uri.startswith(("etcd://", "memory://")):
+    if not uri.startswith(("etcd://", "etcds://", "memory://")):
         raise SparkOptionError(f"option metadataUri {uri!r} is not a metadata URI: expected "
-                               "etcd://HOST:PORT[,HOST:PORT...]/ROOT")
+                               "etcd://HOST:PORT[,HOST:PORT...]/ROOT (etcds:// for TLS)")
     return uri
 
 
@@ -195,21 +207,37 @@ class _Security(TypedDict, total=False):
     tls_cert_file: str
     tls_key_file: str
     auth_token_file: str
+    etcd_user: str
+    etcd_password_file: str
+    etcd_tls_ca_file: str
+    etcd_tls_cert_file: str
+    etcd_tls_key_file: str
 
 
 def _security(options: Mapping[str, Any]) -> _Security:
-    """TLS files and the token file: paths on every machine of the Spark cluster (the
-    token itself is never an option: options show in Spark's UI and plans)."""
+    """TLS files, the token file and etcd's user and password file: paths on every
+    machine of the Spark cluster (a token or password itself is never an option:
+    options show in Spark's UI and plans)."""
     out: _Security = {}
     for option, field_name in (("tlsCaFile", "tls_ca_file"), ("tlsCertFile", "tls_cert_file"),
                                ("tlsKeyFile", "tls_key_file"),
-                               ("authTokenFile", "auth_token_file")):
+                               ("authTokenFile", "auth_token_file"),
+                               ("etcdUser", "etcd_user"),
+                               ("etcdPasswordFile", "etcd_password_file"),
+                               ("etcdTlsCaFile", "etcd_tls_ca_file"),
+                               ("etcdTlsCertFile", "etcd_tls_cert_file"),
+                               ("etcdTlsKeyFile", "etcd_tls_key_file")):
         value = _get(options, option)
         if value is not None and value.strip():
             out[field_name] = value.strip()  # type: ignore[literal-required]
     if bool(out.get("tls_cert_file")) != bool(out.get("tls_key_file")):
         raise SparkOptionError("options tlsCertFile and tlsKeyFile go together (a client "
                                "certificate and its key)")
+    if bool(out.get("etcd_tls_cert_file")) != bool(out.get("etcd_tls_key_file")):
+        raise SparkOptionError("options etcdTlsCertFile and etcdTlsKeyFile go together (a "
+                               "client certificate for etcd and its key)")
+    if out.get("etcd_password_file") and not out.get("etcd_user"):
+        raise SparkOptionError("option etcdPasswordFile needs etcdUser (whose password it is)")
     return out
 
 

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 import uvloop
 
 from ..errors import BKError, MetadataError, NoSuchNamespaceError, SparkOptionError
+from ..net.etcd_security import etcd_security
 from ..net.security import client_context, read_token
 from ..stream.client import BookKeeper
 from ..stream.namespace import Namespace
@@ -57,16 +58,42 @@ class Access(Protocol):
     @property
     def auth_token_file(self) -> str: ...
 
+    @property
+    def etcd_user(self) -> str: ...
 
-async def connect(access: Access) -> BookKeeper:
-    """A client of the cluster, or an error that says it is unreachable."""
-    metadata_uri, timeout_s = access.metadata_uri, access.timeout_s
+    @property
+    def etcd_password_file(self) -> str: ...
+
+    @property
+    def etcd_tls_ca_file(self) -> str: ...
+
+    @property
+    def etcd_tls_cert_file(self) -> str: ...
+
+    @property
+    def etcd_tls_key_file(self) -> str: ...
+
+
+def _security(access: Access) -> dict[str, Any]:
+    """``BookKeeper.connect``'s TLS and credentials from the options (reads files)."""
     security: dict[str, Any] = {}
     if access.tls_ca_file or access.tls_cert_file:
         security["ssl"] = client_context(access.tls_ca_file, access.tls_cert_file,
                                          access.tls_key_file)
     if access.auth_token_file:
         security["token"] = read_token(access.auth_token_file)
+    security.update(etcd_security(
+        access.metadata_uri, ca=access.etcd_tls_ca_file, cert=access.etcd_tls_cert_file,
+        key=access.etcd_tls_key_file, user=access.etcd_user,
+        password_file=access.etcd_password_file, fallback_ca=access.tls_ca_file,
+        fallback_cert=access.tls_cert_file, fallback_key=access.tls_key_file).connect_options())
+    return security
+
+
+async def connect(access: Access) -> BookKeeper:
+    """A client of the cluster, or an error that says it is unreachable."""
+    metadata_uri, timeout_s = access.metadata_uri, access.timeout_s
+    security = await asyncio.to_thread(_security, access)
     try:
         async with asyncio.timeout(min(timeout_s, CONNECT_TIMEOUT_S)):
             return await BookKeeper.connect(metadata_uri, **security)
