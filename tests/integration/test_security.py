@@ -15,7 +15,7 @@ import pytest
 import trustme
 
 from asyncbk.client.client import BookKeeper
-from asyncbk.errors import BKError
+from asyncbk.errors import BKError, MetadataError
 from asyncbk.net.security import client_context
 from asyncbk.proto import (
     AuthRequest,
@@ -41,7 +41,8 @@ FAST = {"lost_bookie_delay": 2, "audit_interval": 5, "open_ledger_grace": 3, "ra
 @pytest.fixture
 async def secure(tmp_path: Path):  # type: ignore[no-untyped-def]
     async with LocalCluster(bookies=4, data_dir=tmp_path / "cluster", tls=True,
-                            auth_token=TOKEN) as c:
+                            auth_token=TOKEN, etcd_auth=True) as c:
+        assert c.metadata_uri.startswith("etcds://")
         yield c
 
 
@@ -82,8 +83,9 @@ async def _exchange(host: str, port: int, ctx: ssl.SSLContext,
 
 
 async def test_a_tls_cluster_with_a_token_works_end_to_end(secure: LocalCluster) -> None:
-    """Writes, reads, recovery, streams and auto-recovery over mutual TLS with a token;
-    the token is in no process's arguments and no log."""
+    """Writes, reads, recovery, streams and auto-recovery over mutual TLS with a token,
+    etcd over mutual TLS with its own user and password; neither the token nor the
+    password is in any process's arguments or log."""
     bk = await secure.client()
     lh = await bk.create_ledger(3, 2, 2, password=b"pw")
     data = [b"entry %d" % i for i in range(300)]
@@ -113,7 +115,8 @@ async def test_a_tls_cluster_with_a_token_works_end_to_end(secure: LocalCluster)
                     for p in [*secure.bookies, *secure.autorecovery] if p.running]
         logs = [p.read_text(errors="replace") for p in secure.data_dir.rglob("*.log")]
         assert cmdlines and logs
-        return [text for text in cmdlines + logs if TOKEN in text]
+        secrets = [TOKEN, secure.etcd_password or "?"]
+        return [text for text in cmdlines + logs if any(x in text for x in secrets)]
 
     assert await asyncio.to_thread(token_shown) == []
 
@@ -144,7 +147,18 @@ async def test_clients_without_the_right_credentials_get_nothing(secure: LocalCl
                                                             *stranger_files), "token": TOKEN},
     }
     for what, security in attempts.items():
-        intruder = await BookKeeper.connect(secure.metadata_uri, **security)  # type: ignore[arg-type]
+        if what in ("no TLS", "certificate of another CA", "no client certificate"):
+            # etcd (TLS, client certificates required) refuses these already.
+            with pytest.raises(MetadataError):
+                await BookKeeper.connect(secure.metadata_uri, metadata_timeout_s=5.0,
+                                         etcd_user=secure.etcd_user,
+                                         etcd_password=secure.etcd_password,
+                                         **security)  # type: ignore[arg-type]
+        # Past etcd with good credentials there, the bookies still refuse.
+        intruder = await BookKeeper.connect(secure.metadata_uri, etcd_ssl=good,
+                                            etcd_user=secure.etcd_user,
+                                            etcd_password=secure.etcd_password,
+                                            **security)  # type: ignore[arg-type]
         try:
             await _refused(intruder, lh.id)
         except AssertionError:
@@ -191,8 +205,16 @@ async def test_the_shell_needs_the_tls_options_and_the_token_file(secure: LocalC
     assert ok.returncode == 0, ok.stderr
     lines = ok.stdout.splitlines()
     assert len(lines) == len(secure.bookies) and not any("no answer" in ln for ln in lines)
-    # without them the registry (in etcd) is listed, but no bookie answers
+    # without them etcd (TLS, client certificates required) refuses, in one line
     refused = await asyncio.to_thread(shell)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "TLS" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    # with etcd's TLS and user only, the registry (in etcd) is listed, but no bookie answers
+    assert secure.tls is not None and secure.etcd_user is not None
+    refused = await asyncio.to_thread(
+        shell, "--etcd-ca", str(secure.tls.ca), "--etcd-cert", str(secure.tls.client_cert),
+        "--etcd-key", str(secure.tls.client_key), "--etcd-user", secure.etcd_user,
+        "--etcd-password-file", str(secure.data_dir / "tls" / "etcd-password"))
     assert TOKEN not in refused.stdout + refused.stderr
     lines = refused.stdout.splitlines()
     assert len(lines) == len(secure.bookies) and all("no answer" in ln for ln in lines)

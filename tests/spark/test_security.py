@@ -1,6 +1,7 @@
-"""The Spark source against a cluster with mutual TLS and a token: it reads and
-writes with the options tlsCaFile, tlsCertFile, tlsKeyFile and authTokenFile, and
-gets nothing without them."""
+"""The Spark source against a cluster with mutual TLS, a token and etcd's own
+authentication: it reads and writes with the options tlsCaFile, tlsCertFile,
+tlsKeyFile, authTokenFile, etcdUser and etcdPasswordFile, and gets nothing without
+them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from .conftest import ClusterThread
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterThread]:
-    ct = ClusterThread(tmp_path_factory.mktemp("secure"), tls=True, auth_token="spark-tok")
+    ct = ClusterThread(tmp_path_factory.mktemp("secure"), tls=True, auth_token="spark-tok",
+                       etcd_auth=True)
     try:
         ct.start()
         yield ct
@@ -31,7 +33,9 @@ def test_reads_and_writes_with_tls_and_a_token(spark: SparkSession,
     access = {"metadataUri": secure.metadata_uri, "namespace": "sec",
               "tlsCaFile": str(tls.ca), "tlsCertFile": str(tls.client_cert),
               "tlsKeyFile": str(tls.client_key),
-              "authTokenFile": str(Path(cluster.data_dir) / "tls" / "tokens")}
+              "authTokenFile": str(Path(cluster.data_dir) / "tls" / "tokens"),
+              "etcdUser": str(cluster.etcd_user),
+              "etcdPasswordFile": str(Path(cluster.data_dir) / "tls" / "etcd-password")}
 
     async def setup() -> None:
         assert secure.bk is not None
@@ -52,6 +56,9 @@ def test_reads_and_writes_with_tls_and_a_token(spark: SparkSession,
     without_token = {k: v for k, v in access.items() if k != "authTokenFile"}
     with pytest.raises(Exception, match="UNAUTHORIZED|unauthorized|refused"):
         spark.read.format("asyncbk").options(**without_token, streams="in").load().collect()
+    without_etcd_user = {k: v for k, v in access.items() if not k.startswith("etcd")}
+    with pytest.raises(Exception, match="requires authentication"):
+        spark.read.format("asyncbk").options(**without_etcd_user, streams="in").load().collect()
     with pytest.raises(Exception, match="tlsCertFile and tlsKeyFile"):
         spark.read.format("asyncbk").options(
             **{k: v for k, v in access.items() if k != "tlsKeyFile"}, streams="in").load() \

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import ssl
 import sys
@@ -31,6 +32,7 @@ from typing import Any
 
 from ..bookie.startup import port_free, port_user
 from ..errors import BKError
+from ..net.etcd_security import read_password
 from ..stream.client import BookKeeper
 from .etcd import EtcdServer
 from .ports import free_port
@@ -45,6 +47,8 @@ from .process import (
 from .tls import LocalTLS, write_tokens
 
 READY_TIMEOUT_S = 30.0
+ETCD_USER = "asyncbk"
+"""The etcd user of a LocalCluster with ``etcd_auth``."""
 STOP_TIMEOUT_S = 15.0
 _HTTP_PORT_RETRIES = 3
 
@@ -269,7 +273,13 @@ class LocalCluster:
     the port of the last run on this data directory if still free, else
     ``etcd_port_preferred`` if free, else a free port; ``notes`` says which
     choice was not the expected one.  ``owner`` names the cluster in the message
-    a second cluster on the same data directory gets."""
+    a second cluster on the same data directory gets.
+
+    ``tls``: certificates made on the fly; the bookie protocol, the HTTP admin
+    endpoints and etcd (an ``etcds://`` metadata URI) are TLS, and every client
+    must present a certificate (mutual TLS).  ``auth_token``: bookies require
+    it.  ``etcd_auth``: etcd runs with authentication, the cluster's processes
+    log in as ``etcd_user`` (allowed the root prefix only)."""
 
     def __init__(
         self,
@@ -284,6 +294,7 @@ class LocalCluster:
         owner: str = "a LocalCluster",
         tls: bool = False,
         auth_token: str | None = None,
+        etcd_auth: bool = False,
     ) -> None:
         if bookies < 0:
             raise ValueError("bookies must be >= 0")
@@ -314,6 +325,13 @@ class LocalCluster:
         """The cluster's certificates (made at start) when ``tls``."""
         self.auth_token = auth_token
         """The token bookies require (None: no authentication)."""
+        self.etcd_auth = etcd_auth
+        self.etcd_user: str | None = ETCD_USER if etcd_auth else None
+        """With ``etcd_auth``: the etcd user every process of the cluster logs in as
+        (allowed the cluster's root prefix only)."""
+        self.etcd_password: str | None = None
+        """With ``etcd_auth``: its password (made at the first start, kept in
+        ``<data_dir>/tls/etcd-password``)."""
         self.notes: list[str] = []
         """What start() chose differently than asked or expected, and leftovers it
         cleaned up, as sentences for the user."""
@@ -329,8 +347,11 @@ class LocalCluster:
         return self.tls.client_context() if self.tls is not None else None
 
     def client_security(self) -> dict[str, Any]:
-        """``ssl`` and ``token`` for ``BookKeeper.connect``."""
-        return {"ssl": self.client_ssl_context(), "token": self.auth_token}
+        """``ssl``, ``token`` and the etcd credentials for ``BookKeeper.connect``."""
+        out: dict[str, Any] = {"ssl": self.client_ssl_context(), "token": self.auth_token}
+        if self.etcd_user is not None:
+            out.update(etcd_user=self.etcd_user, etcd_password=self.etcd_password)
+        return out
 
     def _prepare_security(self) -> None:
         """Certificates and the tokens file, and the bookie settings that use them."""
@@ -344,6 +365,13 @@ class LocalCluster:
             sec.mkdir(parents=True, exist_ok=True)
             write_tokens(sec / "tokens", [self.auth_token])
             self.bookie_config["auth_tokens_file"] = str(sec / "tokens")
+        if self.etcd_auth:
+            sec.mkdir(parents=True, exist_ok=True)
+            path = sec / "etcd-password"
+            if not path.exists():  # the same data directory restarts the same etcd
+                write_tokens(path, [secrets.token_urlsafe(24)])
+            self.etcd_password = read_password(str(path))
+            self.bookie_config.update(etcd_user=self.etcd_user, etcd_password_file=str(path))
 
     def client_options(self) -> list[str]:
         """Command-line options of an asyncbk client command (shell, stream,
@@ -354,6 +382,9 @@ class LocalCluster:
                     "--tls-key", str(self.tls.client_key)]
         if self.auth_token is not None:
             out += ["--auth-token-file", str(self.data_dir / "tls" / "tokens")]
+        if self.etcd_user is not None:
+            out += ["--etcd-user", self.etcd_user,
+                    "--etcd-password-file", str(self.data_dir / "tls" / "etcd-password")]
         return out
 
     def child_env(self) -> dict[str, str]:
@@ -446,8 +477,10 @@ class LocalCluster:
             await asyncio.to_thread(self._load_layout)
             await asyncio.to_thread(self._prepare_security)
             port = await asyncio.to_thread(self._choose_etcd_port)
-            self.etcd = EtcdServer(self.data_dir / "etcd", port=port)
+            self.etcd = EtcdServer(self.data_dir / "etcd", port=port, tls=self.tls)
             await self.etcd.start()
+            if self.etcd_user is not None and self.etcd_password is not None:
+                await self.etcd.enable_auth(self.etcd_user, self.etcd_password, self.root)
             await self.record_processes()
             for i in range(self.bookie_count):
                 port = self._bookie_ports[i] if i < len(self._bookie_ports) else free_port()

@@ -21,18 +21,23 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import base64
 import contextlib
 import os
+import secrets
 import shutil
 import signal
+import ssl
 from pathlib import Path
 from types import TracebackType
 
 import aiohttp
 
 from ..bookie.startup import port_free, port_in_use_message
+from ..meta import keys
 from .ports import free_port
 from .process import LocalClusterError, guarded
+from .tls import LocalTLS
 
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S_DEFAULT = 20.0
@@ -93,6 +98,7 @@ class EtcdServer:
         ready_timeout_s: float = READY_TIMEOUT_S_DEFAULT,
         stop_timeout_s: float = STOP_TIMEOUT_S_DEFAULT,
         extra_args: tuple[str, ...] = (),
+        tls: LocalTLS | None = None,
     ) -> None:
         if port is not None and port == peer_port:
             raise ValueError("client and peer ports must differ")
@@ -107,6 +113,10 @@ class EtcdServer:
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.extra_args = tuple(extra_args)
+        self.tls = tls
+        """With TLS: clients connect over HTTPS and must present a certificate
+        signed by ``tls.ca`` (etcd's ``--client-cert-auth``)."""
+        self._client_ssl: ssl.SSLContext | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self.argv: list[str] = []
         """The command line of the last launch (what ``/proc/<pid>/cmdline`` shows)."""
@@ -132,11 +142,12 @@ class EtcdServer:
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.endpoint}"
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
 
     def uri(self, root: str = "") -> str:
-        """The metadata URI of this etcd under ``root``: ``etcd://127.0.0.1:port/<root>``."""
-        return f"etcd://{self.endpoint}/{root.strip('/')}"
+        """The metadata URI of this etcd under ``root``: ``etcd://127.0.0.1:port/<root>``
+        (``etcds://`` with TLS)."""
+        return f"{'etcds' if self.tls else 'etcd'}://{self.endpoint}/{root.strip('/')}"
 
     @property
     def pid(self) -> int | None:
@@ -149,10 +160,15 @@ class EtcdServer:
     # --- lifecycle ----------------------------------------------------------
 
     def _command(self, binary: str) -> list[str]:
-        client = f"http://{self.host}:{self.port}"
+        client = self.client_url
         peer = f"http://{self.host}:{self.peer_port}"
+        tls: list[str] = []
+        if self.tls is not None:
+            tls = ["--cert-file", str(self.tls.server_cert), "--key-file", str(self.tls.server_key),
+                   "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
         return [
             binary,
+            *tls,
             "--name", "default",
             "--data-dir", str(self.data_dir),
             "--listen-client-urls", client,
@@ -178,6 +194,8 @@ class EtcdServer:
             self._binary if self._binary is not None else await asyncio.to_thread(find_etcd_binary)
         )
         await asyncio.to_thread(self._make_dirs)
+        if self.tls is not None and self._client_ssl is None:
+            self._client_ssl = await asyncio.to_thread(self.tls.client_context)
         for fixed in (self._client_port, self._peer_port):
             if fixed is not None and not await asyncio.to_thread(port_free, self.host, fixed):
                 raise EtcdServerError(await asyncio.to_thread(
@@ -234,7 +252,7 @@ class EtcdServer:
         deadline = loop.time() + self.ready_timeout_s
         last_error = "no answer yet"
         timeout = aiohttp.ClientTimeout(total=1.0)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with self._session(timeout) as session:
             while True:
                 if proc.returncode is not None:
                     raise EtcdServerError(
@@ -255,6 +273,47 @@ class EtcdServer:
                         f" ({last_error}); log {self.log_path}:\n{await self.log_tail()}"
                     )
                 await asyncio.sleep(0.05)
+
+    def _session(self, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+        """An HTTP session to this etcd (with the client certificate under TLS)."""
+        connector = aiohttp.TCPConnector(ssl=self._client_ssl if self._client_ssl else False)
+        return aiohttp.ClientSession(timeout=timeout, connector=connector)
+
+    async def enable_auth(self, user: str, password: str, root: str) -> None:
+        """Turn on etcd's authentication with one user, ``user``, allowed to read and
+        write the keys under ``root`` only (an asyncbk cluster's root prefix).
+
+        etcd needs a ``root`` user before auth can be enabled; it gets a random
+        password that is not kept anywhere (nobody logs in as root afterwards).
+        Does nothing if auth is already on (a restart of the same member)."""
+        prefix = keys.normalize_root(root) + "/"
+        timeout = aiohttp.ClientTimeout(total=10.0)
+
+        def b64(raw: bytes) -> str:
+            return base64.b64encode(raw).decode()
+
+        async with self._session(timeout) as session:
+            async def call(path: str, body: dict[str, object]) -> dict[str, object]:
+                async with session.post(f"{self.client_url}/v3/{path}", json=body) as resp:
+                    answer = await resp.json(content_type=None)
+                if resp.status != 200 or not isinstance(answer, dict) or answer.get("error"):
+                    message = answer.get("message") if isinstance(answer, dict) else answer
+                    raise EtcdServerError(f"etcd {path} failed: HTTP {resp.status}: {message}")
+                return answer
+
+            async with session.post(f"{self.client_url}/v3/auth/status", json={}) as resp:
+                status = await resp.json(content_type=None)
+            if isinstance(status, dict) and status.get("enabled"):
+                return
+            for name, secret in (("root", secrets.token_urlsafe(24)), (user, password)):
+                await call("auth/user/add", {"name": name, "password": secret})
+                await call("auth/role/add", {"name": name})
+                await call("auth/user/grant", {"user": name, "role": name})
+            await call("auth/role/grant", {"name": user, "perm": {
+                "permType": "READWRITE", "key": b64(prefix.encode()),
+                # prefix_end hands back the incremented UTF-8 bytes as latin-1 text
+                "range_end": b64(keys.prefix_end(prefix).encode("latin-1"))}})
+            await call("auth/enable", {})
 
     async def stop(self) -> None:
         """SIGTERM, then SIGKILL after ``stop_timeout_s``; returns once the
