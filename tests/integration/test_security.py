@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 import trustme
 
@@ -87,6 +88,7 @@ async def test_a_tls_cluster_with_a_token_works_end_to_end(secure: LocalCluster)
     etcd over mutual TLS with its own user and password; neither the token nor the
     password is in any process's arguments or log."""
     bk = await secure.client()
+    good = secure.client_ssl_context()
     lh = await bk.create_ledger(3, 2, 2, password=b"pw")
     data = [b"entry %d" % i for i in range(300)]
     await asyncio.gather(*(lh.append(d) for d in data))
@@ -102,7 +104,11 @@ async def test_a_tls_cluster_with_a_token_works_end_to_end(secure: LocalCluster)
     # auto-recovery (its own process, with the cluster's client TLS and token file)
     md = await bk.ledger_metadata(lh.id)
     victim = next(b for b in secure.bookies if b.id == md.ensembles[0][1][0])
-    await secure.start_autorecovery(**FAST)
+    ar = await secure.start_autorecovery(**FAST)
+    assert ar.http_url.startswith("https://")
+    async with aiohttp.ClientSession() as http, \
+            http.get(f"{ar.http_url}/api/v1/autorecovery/status", ssl=good) as resp:
+        assert resp.status == 200 and (await resp.json())["id"] == ar.id
     victim.kill()
     async with asyncio.timeout(90):
         while victim.id in (await bk.ledger_metadata(lh.id)).all_bookies():  # noqa: ASYNC110

@@ -251,12 +251,17 @@ class LocalAutoRecovery(_ChildProcess):
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        """Its HTTP endpoint (HTTPS, with the bookies' certificate, in a TLS cluster)."""
+        scheme = "https" if self.cluster.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.http_port}"
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "asyncbk", "autorecovery",
                "--metadata-uri", self.cluster.metadata_uri, "--id", self.id,
                "--http-port", str(self.http_port)]
+        if self.cluster.tls is not None:
+            cmd += ["--http-tls-cert", str(self.cluster.tls.server_cert),
+                    "--http-tls-key", str(self.cluster.tls.server_key)]
         for k, v in self.options.items():
             cmd += [f"--{k.replace('_', '-')}", str(v)]
         return cmd + self.cluster.client_options()
