@@ -42,7 +42,7 @@ from . import _harness
 
 with _harness.instrumented(__name__ == "__main__"):
     from asyncbk.bookie import journal_format as jf
-    from asyncbk.bookie import storage as st
+    from asyncbk.bookie.storage import ledger_storage as st
     from asyncbk.config import BookieConfig
     from asyncbk.errors import BookieIOError
 

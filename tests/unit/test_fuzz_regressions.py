@@ -14,11 +14,10 @@ from asyncbk.bookie.journal_format import encode_add
 from asyncbk.bookie.storage import (
     INDEX_RECORD,
     LedgerStorage,
-    _EntryLogReader,
-    _parse_entry_log_name,
     entry_log_name,
     read_checkpoint,
 )
+from asyncbk.bookie.storage.ledger_storage import _EntryLogReader, _parse_entry_log_name
 from asyncbk.config import BookieConfig
 from asyncbk.errors import BookieIOError, ProtocolError
 from asyncbk.proto import Op, decode_request, decode_response

@@ -95,14 +95,14 @@ from typing import Any
 import msgpack
 import xxhash
 
-from ..clock import SYSTEM_CLOCK, Clock, RateLimiter
-from ..config import BookieConfig
-from ..errors import BadRequestError, BookieIOError, NoSuchEntryError, NoSuchLedgerError
-from ..log import get_logger
-from ..types import LAST_ENTRY_ID
-from . import journal as _journal
-from .journal import Journal, fsync_dir, list_journal_files, write_all
-from .journal_format import (
+from ...clock import SYSTEM_CLOCK, Clock, RateLimiter
+from ...config import BookieConfig
+from ...errors import BadRequestError, BookieIOError, NoSuchEntryError, NoSuchLedgerError
+from ...log import get_logger
+from ...types import LAST_ENTRY_ID
+from .. import journal as _journal
+from ..journal import Journal, fsync_dir, list_journal_files, write_all
+from ..journal_format import (
     ADD_RECORD_OVERHEAD_BYTES,
     HEADER_BYTES,
     RECORD_BYTES_MAX,
