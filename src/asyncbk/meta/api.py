@@ -8,9 +8,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import msgpack
-
-from ..errors import MetadataError
 from ..types import BookieId
 from .model import LedgerMetadata
 
@@ -49,21 +46,6 @@ class UnderReplicated:
     bookies: frozenset[BookieId]
     marked_ms: int
     version: int
-
-
-def pack_underreplicated(bookies: set[BookieId] | frozenset[BookieId], marked_ms: int) -> bytes:
-    return msgpack.packb({"bookies": sorted(bookies), "marked_ms": marked_ms},
-                         use_bin_type=True)
-
-
-def unpack_underreplicated(ledger_id: int, value: bytes, version: int) -> UnderReplicated:
-    try:
-        d = msgpack.unpackb(value, raw=False)
-        return UnderReplicated(ledger_id, frozenset(str(b) for b in d["bookies"]),
-                               int(d["marked_ms"]), version)
-    except Exception as exc:
-        raise MetadataError(f"corrupt under-replication mark of ledger {ledger_id}: "
-                            f"{exc}") from exc
 
 
 class MetadataStore(Protocol):

@@ -69,15 +69,14 @@ from ..errors import TimeoutError as BKTimeoutError
 from ..log import get_logger
 from ..types import BookieId
 from . import keys
-from .api import (
-    BookieRegistration,
-    KeyValue,
-    UnderReplicated,
+from .api import BookieRegistration, KeyValue, UnderReplicated
+from .codec import (
+    pack_registration_info,
     pack_underreplicated,
+    registrations_from_items,
     unpack_underreplicated,
 )
 from .etcd_stream import lease_keepalive_once, stream_json
-from .memory import pack_registration_info, registrations_from_items
 from .model import LedgerMetadata
 
 T = TypeVar("T")

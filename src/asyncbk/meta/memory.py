@@ -30,22 +30,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import msgpack
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import MetadataError, MetadataVersionError, NoSuchLedgerError
 from ..log import get_logger
 from ..types import BookieId
 from . import keys
-from .api import (
-    BookieRegistration,
-    KeyValue,
-    UnderReplicated,
+from .api import BookieRegistration, KeyValue, UnderReplicated
+from .codec import (
+    pack_registration_info,
     pack_underreplicated,
+    registrations_from_items,
     unpack_underreplicated,
 )
 from .model import LedgerMetadata
@@ -54,53 +51,6 @@ _log = get_logger(component="meta")
 
 LEASE_ID_FIRST = 0x5EED_0000_0001
 """First lease id a memory state hands out (etcd's are large opaque ints too)."""
-
-
-# --- value encoding of bookie registrations (shared with the etcd store) -------
-
-
-def pack_registration_info(info: dict[str, Any]) -> bytes:
-    """The stored value of a registration: its ``info`` map as msgpack."""
-    return msgpack.packb(dict(info), use_bin_type=True)
-
-
-def unpack_registration_info(value: bytes) -> dict[str, Any]:
-    """Inverse of :func:`pack_registration_info`; a value that is not a msgpack
-    map (written by something else) reads as an empty map rather than hiding
-    the bookie from every client."""
-    try:
-        info = msgpack.unpackb(value, raw=False) if value else {}
-    except Exception as exc:
-        _log.warning("undecodable bookie registration value", error=str(exc))
-        return {}
-    if not isinstance(info, dict):
-        _log.warning("bookie registration value is not a map", value_type=type(info).__name__)
-        return {}
-    return {str(k): v for k, v in info.items()}
-
-
-def registrations_from_items(
-    root: str, items: Iterable[tuple[str, bytes]]
-) -> dict[BookieId, BookieRegistration]:
-    """The registry view from ``(key, value)`` pairs under the bookies prefix.
-
-    A bookie registered both ways at once (only possible if something other
-    than ``register_bookie`` wrote the keys) is reported read-only: clients
-    must not send it writes.  Keys that are not registrations are ignored.
-    """
-    view: dict[BookieId, BookieRegistration] = {}
-    for key, value in items:
-        parsed = keys.parse_bookie_key(root, key)
-        if parsed is None:
-            continue
-        bookie_id, readonly = parsed
-        existing = view.get(bookie_id)
-        if existing is not None and existing.readonly and not readonly:
-            continue
-        view[bookie_id] = BookieRegistration(
-            bookie_id=bookie_id, readonly=readonly, info=unpack_registration_info(value)
-        )
-    return view
 
 
 # --- shared state ------------------------------------------------------------
