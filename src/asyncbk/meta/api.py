@@ -1,6 +1,14 @@
 """The metadata store interface.  Two implementations share these semantics:
 ``meta.etcd.EtcdMetadataStore`` (production) and
-``meta.memory.MemoryMetadataStore`` (unit tests and the simulator)."""
+``meta.memory.MemoryMetadataStore`` (unit tests and the simulator).
+
+The interface comes in parts, one protocol each, so that code can say which it
+uses: :class:`LedgerMetadataStore` (ids and ledger metadata),
+:class:`LeaseStore` (leases), :class:`BookieRegistry` (registrations bound to
+leases), :class:`LockStore` (locks bound to leases),
+:class:`UnderReplicationStore` (auto-recovery's marks), :class:`CookieStore`
+(cookies and the instance id) and :class:`KeyValueStore` (generic keys for
+streams).  :class:`MetadataStore` is all of them; both stores implement it."""
 
 from __future__ import annotations
 
@@ -48,18 +56,9 @@ class UnderReplicated:
     version: int
 
 
-class MetadataStore(Protocol):
-    """Ledger metadata, ledger ids, bookie registry (with leases) and cookies.
+class LedgerMetadataStore(Protocol):
+    """Ledger ids and ledger metadata, every change a compare-and-swap."""
 
-    Errors: ``NoSuchLedgerError`` for a missing ledger; ``MetadataVersionError``
-    when a compare-and-swap loses (the caller re-reads, never overwrites);
-    ``TimeoutError`` (asyncbk's) when the store does not answer within the
-    store's timeout; ``MetadataError`` for anything else the store does wrong.
-    """
-
-    root: str
-
-    # --- ledgers ---------------------------------------------------------
     async def allocate_ledger_id(self) -> int:
         """A ledger id no other call (from any client) ever returns; ids are > 0."""
         ...
@@ -86,7 +85,10 @@ class MetadataStore(Protocol):
         """Every ledger id, ascending, read in pages."""
         ...
 
-    # --- leases ----------------------------------------------------------
+
+class LeaseStore(Protocol):
+    """Leases: what bookie registrations and locks are bound to."""
+
     async def grant_lease(self, ttl_s: int) -> int:
         ...
 
@@ -97,7 +99,10 @@ class MetadataStore(Protocol):
     async def revoke_lease(self, lease_id: int) -> None:
         ...
 
-    # --- bookie registry -------------------------------------------------
+
+class BookieRegistry(LeaseStore, Protocol):
+    """The bookies that are up, each registered under its lease."""
+
     async def register_bookie(self, reg: BookieRegistration, lease_id: int) -> None:
         """Put the registration (writable or read-only key) bound to the lease and
         remove the other kind for the same bookie, atomically."""
@@ -115,23 +120,11 @@ class MetadataStore(Protocol):
         ends only when cancelled or the store is closed."""
         ...
 
-    # --- cookies and cluster identity -----------------------------------
-    async def read_cookie(self, bookie_id: BookieId) -> tuple[bytes, int] | None:
-        """``(value, version)`` or None."""
-        ...
 
-    async def write_cookie(self, bookie_id: BookieId, data: bytes, version: int | None) -> int:
-        """Create (``version`` None: only if absent) or CAS-update; returns the new version.
-        MetadataVersionError on conflict."""
-        ...
+class LockStore(LeaseStore, Protocol):
+    """Named locks, each bound to its holder's lease (the auditor election, the
+    ``ledger-<id>`` locks of replication and garbage collection)."""
 
-    async def delete_cookie(self, bookie_id: BookieId) -> None:
-        ...
-
-    async def get_or_create_instance_id(self) -> str:
-        ...
-
-    # --- auto-recovery: lease-backed locks and under-replication marks ------
     async def acquire_lock(self, name: str, owner: str, lease_id: int) -> str:
         """Take lock ``name`` for ``owner``, bound to ``lease_id`` (it goes when the
         lease does), unless someone holds it.  Returns the holder afterwards:
@@ -144,6 +137,10 @@ class MetadataStore(Protocol):
     async def release_lock(self, name: str, owner: str) -> None:
         """Release lock ``name`` if ``owner`` holds it (else nothing)."""
         ...
+
+
+class UnderReplicationStore(Protocol):
+    """The ledgers marked under-replicated, for auto-recovery."""
 
     async def mark_underreplicated(self, ledger_id: int, bookies: set[BookieId]) -> None:
         """Mark a ledger under-replicated for the loss of ``bookies`` (added to
@@ -159,8 +156,31 @@ class MetadataStore(Protocol):
         loss was marked meanwhile) or is gone."""
         ...
 
-    # --- generic keys (layers above: streams and namespaces) -------------
-    # Keys are full keys built by ``meta.keys`` (under ``root``).
+
+class CookieStore(Protocol):
+    """Bookie cookies and the cluster's instance id (what a cookie names)."""
+
+    async def read_cookie(self, bookie_id: BookieId) -> tuple[bytes, int] | None:
+        """``(value, version)`` or None."""
+        ...
+
+    async def write_cookie(self, bookie_id: BookieId, data: bytes, version: int | None) -> int:
+        """Create (``version`` None: only if absent) or CAS-update; returns the new version.
+        MetadataVersionError on conflict."""
+        ...
+
+    async def delete_cookie(self, bookie_id: BookieId) -> None:
+        ...
+
+    async def get_or_create_instance_id(self) -> str:
+        ...
+
+
+class KeyValueStore(Protocol):
+    """Generic keys, for the layers above (streams and namespaces).  Keys are
+    full keys built by ``meta.keys`` under ``root``."""
+
+    root: str
 
     async def kv_get(self, key: str) -> KeyValue | None:
         ...
@@ -180,6 +200,20 @@ class MetadataStore(Protocol):
         nothing changes and MetadataVersionError names a key that differed.
         MetadataError (outcome unknown) is never retried blindly: re-read and check."""
         ...
+
+
+class MetadataStore(LedgerMetadataStore, BookieRegistry, LockStore, UnderReplicationStore,
+                    CookieStore, KeyValueStore, Protocol):
+    """The whole store: every part above, under one ``root``, closed as one.
+
+    Errors, for every part: ``NoSuchLedgerError`` for a missing ledger;
+    ``MetadataVersionError`` when a compare-and-swap loses (the caller re-reads,
+    never overwrites); ``TimeoutError`` (asyncbk's) when the store does not answer
+    within the store's timeout; ``MetadataError`` for anything else the store does
+    wrong.  Code that needs one part takes that part's protocol.
+    """
+
+    root: str
 
     async def close(self) -> None:
         ...
