@@ -33,12 +33,19 @@ import contextlib
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import BKError, MetadataError, NoSuchLedgerError
 from ..log import get_logger
-from ..meta.api import MetadataStore, UnderReplicated
+from ..meta.api import (
+    BookieRegistry,
+    LeaseStore,
+    LedgerMetadataStore,
+    LockStore,
+    UnderReplicated,
+    UnderReplicationStore,
+)
 from ..meta.keys import AUDITOR_LOCK, ledger_lock
 from ..types import BookieId
 from .replication import RateLimiter, ReplicationStats, needs_recovery_first, replicate_ledger
@@ -114,10 +121,16 @@ class AutoRecoveryStatus:
         }
 
 
+class RecoveryMetadata(LedgerMetadataStore, BookieRegistry, LockStore, UnderReplicationStore,
+                       Protocol):
+    """What auto-recovery uses of the metadata store: the ledgers, the registry, the
+    auditor and ``ledger-<id>`` locks, and the under-replication marks."""
+
+
 class LeaseKeeper:
     """A lease granted and refreshed every ttl/3; re-granted if it is lost."""
 
-    def __init__(self, meta: MetadataStore, ttl_s: int, log: Any, *,
+    def __init__(self, meta: LeaseStore, ttl_s: int, log: Any, *,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.meta = meta
         self.ttl_s = ttl_s
@@ -156,7 +169,7 @@ class AutoRecovery:
         self.bk = bk
         self.clock = clock
         self._owns_client = owns_client
-        self.meta: MetadataStore = bk.meta
+        self.meta: RecoveryMetadata = bk.meta
         self.config = config.validate()
         self.id = process_id or f"{socket.gethostname()}:{os.getpid()}"
         self.log = get_logger(component="autorecovery", autorecovery_id=self.id)

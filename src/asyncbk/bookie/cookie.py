@@ -21,9 +21,10 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 from ..errors import CookieError
-from ..meta.api import MetadataStore
+from ..meta.api import BookieRegistry, CookieStore
 
 COOKIE_FILE = "COOKIE"
 LOCK_FILE = "LOCK"
@@ -110,7 +111,12 @@ def _write_local(path: Path, cookie: Cookie) -> None:
         os.close(fd)
 
 
-async def _missing_local_cookie(meta: MetadataStore, bookie_id: str, d: Path) -> str:
+class CookieMetadata(CookieStore, BookieRegistry, Protocol):
+    """What the cookie check uses of the metadata store: the cookies, and the registry
+    (to tell a live bookie with the same id from a dead one)."""
+
+
+async def _missing_local_cookie(meta: BookieRegistry, bookie_id: str, d: Path) -> str:
     """Why a bookie with a registered cookie but none in ``d`` refuses to start, and
     what to do.  Deleting the cookie is advised only while no bookie with this id is
     registered: never against a live bookie."""
@@ -135,7 +141,7 @@ def _differences(a: Cookie, b: Cookie) -> str:
 
 
 async def check_or_format(
-    meta: MetadataStore, bookie_id: str, journal_dir: Path, ledger_dir: Path
+    meta: CookieMetadata, bookie_id: str, journal_dir: Path, ledger_dir: Path
 ) -> Cookie:
     """Verify (or, for a brand-new bookie, create) the cookies; raises CookieError."""
     journal_dir, ledger_dir = await asyncio.to_thread(

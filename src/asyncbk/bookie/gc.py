@@ -25,21 +25,26 @@ the storage's).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from ..clock import Clock
 from ..config import BookieConfig
 from ..errors import BKError, MetadataError, NoSuchLedgerError
-from ..meta.api import MetadataStore
+from ..meta.api import LedgerMetadataStore, LockStore
 from ..meta.keys import ledger_lock
-from .storage import LedgerStorage
+from .storage import Storage
 
 COMPACTION_BATCH_LOGS = 16
 """Entry logs compacted together (their moves made durable by one checkpoint)."""
 
 
+class GcMetadata(LedgerMetadataStore, LockStore, Protocol):
+    """What garbage collection uses of the metadata store: the ledgers, and the
+    ``ledger-<id>`` locks it shares with replication workers."""
+
+
 class GarbageCollector:
-    def __init__(self, storage: LedgerStorage, meta: MetadataStore, bookie_id: str,
+    def __init__(self, storage: Storage, meta: GcMetadata, bookie_id: str,
                  config: BookieConfig, lease_id: Any, log: Any, *,
                  clock: Clock | None = None) -> None:
         self.storage = storage

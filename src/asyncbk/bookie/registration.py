@@ -21,13 +21,13 @@ from typing import Any
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import BKError
 from ..log import get_logger
-from ..meta.api import SESSION_KEY, BookieRegistration, MetadataStore
+from ..meta.api import SESSION_KEY, BookieRegistration, BookieRegistry
 
 
 class Registration:
     def __init__(
         self,
-        meta: MetadataStore,
+        meta: BookieRegistry,
         bookie_id: str,
         ttl_s: int,
         *,

@@ -17,7 +17,7 @@ import socket
 from pathlib import Path
 
 from ..errors import ConfigError, CookieError
-from ..meta.api import MetadataStore
+from ..meta.api import BookieRegistry
 
 PROBE_TIMEOUT_S = 2.0
 """How long a connection to a registered bookie's address may take to say it is alive."""
@@ -109,7 +109,7 @@ async def _answers(host: str, port: int, timeout_s: float) -> bool:
     return True
 
 
-async def check_not_running(meta: MetadataStore, bookie_id: str, host: str, port: int,
+async def check_not_running(meta: BookieRegistry, bookie_id: str, host: str, port: int,
                             probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """Refuse to start (ConfigError / CookieError) when the listen port is taken or a
     bookie with this id is registered and answering.  A registration left by a

@@ -37,7 +37,7 @@ from ..errors import (
     StreamExistsError,
 )
 from ..meta import keys
-from ..meta.api import KeyValue, MetadataStore
+from ..meta.api import KeyValue, KeyValueStore
 from ..meta.model import DIGESTS
 from .position import Position
 
@@ -229,7 +229,7 @@ class StreamMetadata:
     """Reads and transactions on namespaces, streams and segments (see the module
     docstring)."""
 
-    def __init__(self, meta: MetadataStore) -> None:
+    def __init__(self, meta: KeyValueStore) -> None:
         self.meta = meta
         self.root = meta.root
 
