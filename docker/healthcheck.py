@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
 """The image's HEALTHCHECK: GET /healthz of the HTTP admin endpoint on loopback.
 
-Exit 0 when it answers 200 (the bookie serves, writable or read-only), 1 otherwise
-(starting, lease lost, draining, not listening). Only the standard library.
+Exit 0 when it answers 200 (the bookie serves, writable or read-only; an
+``asyncbk autorecovery`` process runs), 1 otherwise (starting, lease lost, draining,
+not listening). Only the standard library.
 
 Where it looks:
 
 * ``ASYNCBK_HEALTHCHECK_URL``, when set, is the whole URL.
 * Otherwise ``127.0.0.1`` and the port of ``ASYNCBK_HTTP_PORT``, else ``http_port``
   in the file of ``ASYNCBK_CONFIG``, else 8000.
-* When the bookie has a certificate (``ASYNCBK_TLS_CERT``, or ``tls_cert_file`` in
-  the config file), the probe speaks TLS first, checking the endpoint's certificate
-  against ``ASYNCBK_TLS_CA`` (and presenting the bookie's own certificate, for an
-  endpoint that asks for one). The host name is not checked: the probe talks to its
-  own container on loopback, which the certificate does not name. An endpoint that
-  answers in plain HTTP is then asked again without TLS.
+* When the endpoint has a certificate, the probe speaks TLS first: for a bookie,
+  its own (``ASYNCBK_TLS_CERT``, or ``tls_cert_file`` in the config file); for
+  ``asyncbk autorecovery``, the one of ``--http-tls-cert``
+  (``ASYNCBK_HTTP_TLS_CERT``). It checks the endpoint's certificate against
+  ``ASYNCBK_TLS_CA`` and presents ``ASYNCBK_TLS_CERT`` (with ``ASYNCBK_TLS_KEY``),
+  for an endpoint that asks for one. The host name is not checked: the probe talks
+  to its own container on loopback, which the certificate does not name. An
+  endpoint that answers in plain HTTP is then asked again without TLS.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ def probe_plan(environ: Mapping[str, str]) -> tuple[list[str], ssl.SSLContext | 
     cert = _setting(environ, config, "ASYNCBK_TLS_CERT", "tls_cert_file")
     key = _setting(environ, config, "ASYNCBK_TLS_KEY", "tls_key_file")
     ca = _setting(environ, config, "ASYNCBK_TLS_CA", "tls_ca_file")
-    tls = url.startswith("https:") if url else bool(cert)
+    http_cert = environ.get("ASYNCBK_HTTP_TLS_CERT", "").strip()  # autorecovery's HTTPS
+    tls = url.startswith("https:") if url else bool(cert or http_cert)
     ctx = None
     if tls:
         ctx = ssl.create_default_context(cafile=ca or None)
