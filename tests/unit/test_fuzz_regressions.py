@@ -17,7 +17,7 @@ from asyncbk.bookie.storage import (
     entry_log_name,
     read_checkpoint,
 )
-from asyncbk.bookie.storage.ledger_storage import _EntryLogReader, _parse_entry_log_name
+from asyncbk.bookie.storage.entrylog import _EntryLogReader, _parse_entry_log_name
 from asyncbk.config import BookieConfig
 from asyncbk.errors import BookieIOError, ProtocolError
 from asyncbk.proto import Op, decode_request, decode_response

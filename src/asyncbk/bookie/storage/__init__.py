@@ -1,21 +1,117 @@
-"""Ledger storage: journal + entry logs + index + checkpoints (see :mod:`.ledger_storage`)."""
+"""Ledger storage: journal + entry logs + index + checkpoints.
 
-from .ledger_storage import (
-    CHECKPOINT_FILE,
-    CHECKPOINT_VERSION,
-    COMPACTION_READ_GRACE_S,
-    ENTRYLOG_DIR,
+This is what the request processor calls.  The design follows Apache
+BookKeeper's bookie: every mutation is first appended to the group-committed
+journal (:mod:`..journal`) and acknowledged after the fsync that covers it;
+the same records are then stored where reads can find them without scanning
+the journal; periodic checkpoints make the older journal files redundant.
+
+On disk
+-------
+``journal_dir/<seq:016x>.jnl``
+    The journal (format in :mod:`..journal_format`).
+``ledger_dir/entrylog/<id:08x>.log``
+    Entry logs: the journal's ADD records, copied verbatim (length, xxh3
+    checksum, type, ledger id, entry id, body), so every read is verified by
+    the same checksum.  Appended by the journal's writer thread in the same
+    batch as the journal write, *not* fsynced per batch (the journal already
+    made the batch durable); a new log starts before a record would pass
+    ``entry_log_bytes_max``.  Logs are fsynced off the writer thread: in the
+    background every ``entry_log_flush_bytes`` and at checkpoints.
+``ledger_dir/index.log``
+    Append-only, fixed 32-byte records ``<qqIQI``: ledger id, entry id, entry
+    log id, record offset, record length; written in the same batch.  Loaded
+    into memory at start.  No checksum: only the prefix recorded in the
+    checkpoint (which was fsynced before the checkpoint was written) is ever
+    trusted; anything after it is cut and rebuilt from the journal.
+``ledger_dir/checkpoint``
+    8-byte xxh3_64 of the rest, then a msgpack map: the *mark* (journal seq
+    and offset after the last batch covered, entry log id and length, index
+    length), every ledger's state (master key, fenced, LAC, explicit LAC) and
+    the tombstones of deleted ledgers.  ``version`` is
+    :data:`CHECKPOINT_VERSION`; another version stops the bookie.  Replaced
+    atomically (tmp file, fsync, rename, fsync dir).
+
+Checkpoint (every ``checkpoint_interval_s``, at start, after a compaction and
+on close): its first step runs on the journal's writer thread, so it is
+ordered after every batch written so far: note the journal position and the
+entry log and index lengths, and snapshot the ledger state those batches
+produced (the writer thread keeps its own copy of keys, fence flags and
+explicit LACs, updated per batch, so the snapshot is exactly the state of the
+journal prefix it covers).  Then, on another thread while adds go on: fsync
+the entry logs and index.log, write the checkpoint, delete the journal files
+wholly before the mark.
+
+Recovery (:meth:`LedgerStorage.open`): read the checkpoint; truncate
+index.log and the current entry log to the marked lengths and delete newer
+entry logs (anything after the mark may be torn and is rebuilt); load
+index.log and the ledger state; replay the journal from the mark (ADD
+records re-appended to the entry log and index, keys / fences / explicit
+LACs re-applied) up to the first bad record, cutting the torn tail (file
+truncated, later journal files removed); start the journal on a fresh file
+and take a checkpoint.  Every step is idempotent, so a crash during recovery
+is recovered by the next start.
+
+Deletion and compaction (driven by :mod:`..gc`): :meth:`LedgerStorage.delete_ledger`
+forgets a ledger at once (unreadable, its index dropped) and journals a
+DELETE_LEDGER record, so replay and later checkpoints forget it too; the
+ledger leaves a *tombstone* (its deletion time, in epoch ms from the storage's
+clock, kept in checkpoints) for ``gc_tombstone_s``, during which adds to it
+are refused as if it were fenced.  :meth:`LedgerStorage.compact_entry_logs`
+copies the still-indexed records of finished entry logs verbatim into the
+current log (through the journal's writer thread, paced by
+``compaction_rate_bytes_per_s``), takes a checkpoint so the copies are
+durable, and then deletes the old logs.
+
+What survives a crash: every acknowledged add, fence, explicit LAC and
+deletion, and possibly some unacknowledged ones (a prefix of the journal).
+The piggybacked LAC (:meth:`LedgerStorage.update_lac`) is persisted only at
+checkpoints: after a crash it may be older, which only delays readers.
+
+Time (tombstone ages, the housekeeping and compaction sleeps, compaction
+pacing) comes from the injected :class:`~asyncbk.clock.Clock`.
+
+Limits (deliberate, for now): the index is in memory (:class:`LedgerIndex`,
+about 12 bytes per stored entry) and start-up reads all of index.log;
+index.log is append-only: compaction does not rewrite it, so records of
+moved and deleted entries stay in it and are superseded (a later record for
+the same entry wins) or dropped (the ledger is gone) when it is loaded.
+
+Modules
+-------
+:mod:`.api`
+    :class:`LedgerInfo` and the protocols the rest of the bookie uses:
+    :class:`Storage` (processor, GC, server) and :class:`RequestStorage`.
+:mod:`.ledger_storage`
+    :class:`LedgerStorage`: adds, fences, LACs, reads, deletion, checkpoints,
+    housekeeping, shutdown.
+:mod:`.index`
+    :class:`Location`, the :class:`EntryIndex` protocol and its in-memory
+    implementation (:class:`LedgerIndex` per ledger), ``index.log`` parsing.
+:mod:`.entrylog`
+    entry log naming, writer (entry logs + index.log) and reader.
+:mod:`.checkpoint`
+    the checkpoint file and the journaled ledger state it records.
+:mod:`.recovery`
+    start-up: checkpoint, index and journal replay.
+:mod:`.compaction`
+    moving live entries out of finished entry logs.
+"""
+
+from .api import LedgerInfo, RequestStorage, Storage
+from .checkpoint import CHECKPOINT_FILE, CHECKPOINT_VERSION, CheckpointMark, read_checkpoint
+from .compaction import COMPACTION_READ_GRACE_S
+from .entrylog import ENTRYLOG_DIR, entry_log_name
+from .index import (
     INDEX_FILE,
     INDEX_GAP_MAX,
     INDEX_RECORD,
-    CheckpointMark,
+    EntryIndex,
     LedgerIndex,
-    LedgerInfo,
-    LedgerStorage,
     Location,
-    entry_log_name,
-    read_checkpoint,
+    MemoryEntryIndex,
 )
+from .ledger_storage import LedgerStorage
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -26,10 +122,14 @@ __all__ = [
     "INDEX_GAP_MAX",
     "INDEX_RECORD",
     "CheckpointMark",
+    "EntryIndex",
     "LedgerIndex",
     "LedgerInfo",
     "LedgerStorage",
     "Location",
+    "MemoryEntryIndex",
+    "RequestStorage",
+    "Storage",
     "entry_log_name",
     "read_checkpoint",
 ]

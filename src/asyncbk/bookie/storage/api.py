@@ -1,0 +1,92 @@
+"""What the rest of the bookie uses of its storage.
+
+:class:`Storage` is what the request processor, the garbage collector and the
+server use of :class:`~.ledger_storage.LedgerStorage`; :class:`RequestStorage`
+is the part the request processor needs (all the simulator's ``SimStorage``
+implements).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ...clock import Clock
+from ...config import BookieConfig
+
+
+@dataclass(slots=True)
+class LedgerInfo:
+    """A ledger's state on this bookie (live view: do not mutate)."""
+
+    master_key: bytes
+    fenced: bool = False
+    lac: int = -1
+    """Highest LAC seen (piggybacked on adds or explicit)."""
+    last_entry_id: int = -1
+    """Highest entry id stored (and readable)."""
+    explicit_lac: int = -1
+    """Highest LAC written with :meth:`LedgerStorage.write_explicit_lac`."""
+
+
+class RequestStorage(Protocol):
+    """What the request processor uses: ledger state, adds, fences, LACs, reads and
+    the journal queue's backpressure."""
+
+    def ledger(self, ledger_id: int) -> LedgerInfo | None: ...
+
+    def is_deleted(self, ledger_id: int) -> bool: ...
+
+    def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes,
+                  body: bytes) -> asyncio.Future[None]: ...
+
+    def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[None]: ...
+
+    def update_lac(self, ledger_id: int, lac: int) -> bool: ...
+
+    def write_explicit_lac(self, ledger_id: int, lac: int) -> asyncio.Future[None]: ...
+
+    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes: ...
+
+    async def read_entries(self, ledger_id: int, first: int, count_max: int,
+                           bytes_max: int) -> list[bytes]: ...
+
+    @property
+    def journal_queue_entries(self) -> int: ...
+
+    async def wait_for_queue_space(self) -> None: ...
+
+    def disk_usage(self) -> tuple[int, int]: ...
+
+
+class Storage(RequestStorage, Protocol):
+    """Everything the bookie uses: the request processor's part, garbage collection
+    and compaction (:mod:`..gc`), checkpoints, shutdown and statistics (the server)."""
+
+    @property
+    def config(self) -> BookieConfig: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def journal_failed(self) -> bool: ...
+
+    def ledger_ids(self) -> list[int]: ...
+
+    def delete_ledger(self, ledger_id: int) -> asyncio.Future[None]: ...
+
+    async def entry_log_usage(self) -> dict[int, tuple[int, int]]: ...
+
+    async def compact_entry_logs(self, log_ids: Sequence[int],
+                                 rate_bytes_per_s: float = 0.0) -> int: ...
+
+    async def checkpoint(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def abort(self) -> None: ...
+
+    def statistics(self) -> dict[str, Any]: ...

@@ -1,0 +1,189 @@
+"""Checkpoints: the file ``ledger_dir/checkpoint`` (read, validated, written
+atomically) and the journaled ledger state it records.
+
+:class:`_DurableState` is every ledger's state as of the last journal batch
+written, kept by the journal's writer thread (:func:`_apply_op`, per batch) so
+that :func:`_capture` can snapshot exactly the state of the journal prefix a
+checkpoint covers; :func:`_make_durable` then (another thread) fsyncs the entry
+logs and index and writes the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import xxhash
+
+from ...errors import BookieIOError
+from .. import journal as _journal
+from ..journal import fsync_dir, write_all
+from ..journal_format import TYPE_DELETE_LEDGER, TYPE_EXPLICIT_LAC, TYPE_FENCE, TYPE_LEDGER_KEY
+from .entrylog import ENTRYLOG_DIR, _EntryLogWriter, _sync_and_close
+
+CHECKPOINT_FILE = "checkpoint"
+CHECKPOINT_VERSION = 1
+_CHECKSUM = struct.Struct("<Q")
+
+
+@dataclass(slots=True)
+class _DurableLedger:
+    """A ledger's journaled state, as of the last batch written (writer thread only)."""
+
+    master_key: bytes
+    fenced: bool = False
+    explicit_lac: int = -1
+    lac: int = -1  # merged in from the loop at checkpoints
+
+
+@dataclass
+class _CheckpointWork:
+    key: tuple[Any, ...]
+    payload: dict[str, Any]
+    fds: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointMark:
+    journal_seq: int = 0
+    journal_offset: int = 0
+    entry_log_id: int = 0
+    entry_log_length: int = 0
+    index_length: int = 0
+
+
+class _DurableState(dict[int, _DurableLedger]):
+    """The journaled state of every ledger (writer thread only), and the tombstones
+    of deleted ones: ``{ledger id: deletion time (epoch ms)}``.  A tombstone makes
+    the bookie refuse a deleted ledger's adds (a zombie writer's), as its fence did;
+    it is kept for ``gc_tombstone_s``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tombstones: dict[int, int] = {}
+
+
+def _apply_op(durable: _DurableState, kind: int, ledger_id: int, value: Any) -> None:
+    """Apply a non-ADD journal operation to the durable ledger state.  ``value``: the
+    master key (LEDGER_KEY), the LAC (EXPLICIT_LAC), the deletion time in epoch ms
+    from the storage's clock (DELETE_LEDGER), else None."""
+    if kind == TYPE_LEDGER_KEY:
+        if ledger_id not in durable:
+            durable[ledger_id] = _DurableLedger(bytes(value))
+        durable.tombstones.pop(ledger_id, None)
+        return
+    if kind == TYPE_DELETE_LEDGER:
+        durable.pop(ledger_id, None)
+        durable.tombstones[ledger_id] = int(value)
+        return
+    d = durable.get(ledger_id)
+    if d is None:  # cannot happen (LEDGER_KEY is journaled first); keep the op anyway
+        d = durable[ledger_id] = _DurableLedger(b"")
+    if kind == TYPE_FENCE:
+        d.fenced = True
+    elif kind == TYPE_EXPLICIT_LAC and value > d.explicit_lac:
+        d.explicit_lac = value
+
+
+# --- checkpoint file ----------------------------------------------------------
+
+
+def read_checkpoint(ledger_dir: Path) -> dict[str, Any] | None:
+    """The checkpoint payload, None if there is none; BookieIOError if corrupt."""
+    path = Path(ledger_dir) / CHECKPOINT_FILE
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(blob) < _CHECKSUM.size:
+        raise BookieIOError(f"{path}: truncated checkpoint")
+    (checksum,) = _CHECKSUM.unpack_from(blob)
+    data = blob[_CHECKSUM.size:]
+    if xxhash.xxh3_64_intdigest(data) != checksum:
+        raise BookieIOError(f"{path}: checkpoint checksum mismatch")
+    try:
+        payload = msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # msgpack raises several types
+        raise BookieIOError(f"{path}: checkpoint is not msgpack ({type(exc).__name__})") from None
+    if not isinstance(payload, dict) or payload.get("version") != CHECKPOINT_VERSION:
+        raise BookieIOError(f"{path}: unsupported checkpoint")
+    if not _checkpoint_well_formed(payload):
+        raise BookieIOError(f"{path}: malformed checkpoint")
+    return payload
+
+
+def _checkpoint_well_formed(payload: dict[str, Any]) -> bool:
+    """The fields :func:`_recover` uses, with their types and ranges."""
+    def uint(v: Any, top: int = 2**63 - 1) -> bool:
+        return type(v) is int and 0 <= v <= top
+
+    ledgers, tombstones = payload.get("ledgers"), payload.get("tombstones", [])
+    return (all(uint(payload.get(k)) for k in ("journal_seq", "journal_offset",
+                                               "entry_log_length", "index_length"))
+            and uint(payload.get("entry_log_id"), 0xFFFFFFFF)
+            and type(ledgers) is list and all(
+                type(x) is list and len(x) == 5 and uint(x[0]) and type(x[1]) is bytes
+                and type(x[2]) is bool and type(x[3]) is int and type(x[4]) is int
+                for x in ledgers)
+            and type(tombstones) is list and all(
+                type(x) is list and len(x) == 2 and uint(x[0]) and type(x[1]) is int
+                for x in tombstones))
+
+
+def _write_checkpoint(ledger_dir: Path, payload: dict[str, Any]) -> None:
+    data = msgpack.packb(payload, use_bin_type=True)
+    blob = _CHECKSUM.pack(xxhash.xxh3_64_intdigest(data)) + data
+    tmp = ledger_dir / (CHECKPOINT_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, blob)
+        _journal.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, ledger_dir / CHECKPOINT_FILE)
+    fsync_dir(ledger_dir)
+
+
+def _capture(position: tuple[int, int], writer: _EntryLogWriter, durable: _DurableState,
+             lacs: dict[int, int], now_ms: int, tombstone_s: float,
+             last_key: tuple[Any, ...] | None) -> _CheckpointWork | None:
+    """Writer thread, between batches: what a checkpoint at journal ``position``
+    records, None if that is what the last one (``last_key``) recorded.  ``lacs``: the
+    loop's LACs, merged in; ``now_ms``: the clock's wall time when the checkpoint
+    began (tombstones older than ``tombstone_s`` are dropped)."""
+    seq, offset = position
+    key = (seq, offset, writer.log_id, writer.length, writer.index_length, lacs)
+    if key == last_key:
+        return None
+    ledgers = []
+    for ledger_id, d in durable.items():
+        lac = lacs.get(ledger_id, -1)
+        if lac > d.lac:
+            d.lac = lac
+        ledgers.append([ledger_id, d.master_key, d.fenced, d.lac, d.explicit_lac])
+    tombstones = durable.tombstones
+    expired_before = int(now_ms - tombstone_s * 1000)
+    for ledger_id in [lid for lid, ms in tombstones.items() if ms <= expired_before]:
+        del tombstones[ledger_id]
+    payload = {
+        "version": CHECKPOINT_VERSION,
+        "journal_seq": seq,
+        "journal_offset": offset,
+        "entry_log_id": writer.log_id,
+        "entry_log_length": writer.length,
+        "index_length": writer.index_length,
+        "ledgers": ledgers,
+        "tombstones": [[lid, ms] for lid, ms in tombstones.items()],
+    }
+    return _CheckpointWork(key, payload, writer.take_for_sync())
+
+
+def _make_durable(work: _CheckpointWork, ledger_dir: Path) -> None:
+    """A worker thread: make the captured state durable, then write the mark."""
+    _sync_and_close(work.fds)
+    fsync_dir(ledger_dir / ENTRYLOG_DIR)  # entry logs created since the last one
+    _write_checkpoint(ledger_dir, work.payload)

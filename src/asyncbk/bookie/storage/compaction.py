@@ -1,0 +1,152 @@
+"""Compaction: moving the live entries of finished entry logs into the current one,
+then deleting those logs (driven by :mod:`..gc` through
+:meth:`LedgerStorage.compact_entry_logs <.ledger_storage.LedgerStorage.compact_entry_logs>`).
+
+The records are copied verbatim through the journal's writer thread (so they
+interleave with adds), paced by a :class:`~asyncbk.clock.RateLimiter`; one
+checkpoint makes the copies durable before the old logs go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ...clock import Clock, RateLimiter
+from ...errors import BadRequestError, BookieIOError
+from ..journal import Journal
+from ..journal_format import TYPE_ADD, AddRecord, scan_records
+from .entrylog import (
+    _entry_log_sizes,
+    _EntryLogReader,
+    _EntryLogWriter,
+    _pread_path,
+    _unlink_quietly,
+    entry_log_name,
+)
+from .index import EntryIndex, Location
+
+COMPACTION_CHUNK_BYTES = 4 * 1024 * 1024
+COMPACTION_READ_GRACE_S = 0.5
+"""After moving a log's entries, how long reads that already looked up the old place get."""
+
+
+class EntryLogCompactor:
+    """Compaction of one storage's entry logs (loop side; file work on the read pool).
+
+    Shares the storage's index, entry log writer and reader, journal, and
+    ``live`` (live bytes of each entry log), and takes its checkpoints.
+    """
+
+    def __init__(self, *, entrylog_dir: Path, index: EntryIndex, writer: _EntryLogWriter,
+                 reader: _EntryLogReader, journal: Journal, read_pool: ThreadPoolExecutor,
+                 live: dict[int, int], checkpoint: Callable[[], Awaitable[None]],
+                 clock: Clock, log: Any) -> None:
+        self._entrylog_dir = entrylog_dir
+        self._index = index
+        self._writer = writer
+        self._reader = reader
+        self._journal = journal
+        self._read_pool = read_pool
+        self._live = live
+        self._checkpoint = checkpoint
+        self._clock = clock
+        self._log = log
+        # statistics
+        self.compactions = 0
+        self.compacted_bytes = 0
+        self.moved_bytes = 0
+
+    async def usage(self) -> dict[int, tuple[int, int]]:
+        """``{log id: (live bytes, file bytes)}`` of every finished entry log (not the
+        one being written).  The directory is listed off the event loop."""
+        current = self._writer.log_id
+        sizes = await asyncio.get_running_loop().run_in_executor(
+            self._read_pool, _entry_log_sizes, self._entrylog_dir)
+        live = self._live
+        return {log_id: (max(0, live.get(log_id, 0)), size)
+                for log_id, size in sizes.items() if log_id < current}
+
+    async def compact(self, log_ids: Sequence[int], rate_bytes_per_s: float = 0.0) -> int:
+        """Move the live entries of finished entry logs to the current one, make the
+        move durable (one checkpoint), then delete those logs; returns the bytes freed.
+        Adds and reads go on meanwhile; ``rate_bytes_per_s`` paces the reading."""
+        current = self._writer.log_id
+        for log_id in log_ids:
+            if log_id >= current:
+                raise BadRequestError(f"entry log {log_id} is still being written")
+        loop = asyncio.get_running_loop()
+        sizes: dict[int, int] = {}
+        moved = 0
+        pacer = RateLimiter(rate_bytes_per_s, burst=COMPACTION_CHUNK_BYTES, clock=self._clock)
+        for log_id in log_ids:
+            path = self._entrylog_dir / entry_log_name(log_id)
+            sizes[log_id] = (await loop.run_in_executor(self._read_pool, os.stat, path)).st_size
+            moved += await self._move_live_entries(log_id, path, sizes[log_id], pacer)
+        if not log_ids:
+            return 0
+        await self._checkpoint()  # the moved copies are durable before the old logs go
+        await self._clock.sleep(COMPACTION_READ_GRACE_S)  # reads that looked the old place up
+        for log_id in log_ids:
+            path = self._entrylog_dir / entry_log_name(log_id)
+            await loop.run_in_executor(self._read_pool, self._reader.forget, log_id)
+            await loop.run_in_executor(self._read_pool, _unlink_quietly, path)
+            self._live.pop(log_id, None)
+        total = sum(sizes.values())
+        self.compactions += len(log_ids)
+        self.compacted_bytes += total
+        self.moved_bytes += moved
+        self._log.info("entry logs compacted", entry_logs=list(log_ids),
+                       bytes_freed=total - moved, bytes_moved=moved)
+        return total - moved
+
+    async def _move_live_entries(self, log_id: int, path: Path, size: int,
+                                 pacer: RateLimiter) -> int:
+        loop = asyncio.get_running_loop()
+        offset = 0
+        moved = 0
+        while offset < size:
+            data = await loop.run_in_executor(self._read_pool, _pread_path, path,
+                                              COMPACTION_CHUNK_BYTES, offset)
+            if not data:
+                break
+            pairs, good = scan_records(data)
+            if not pairs:
+                raise BookieIOError(f"entry log {log_id} is corrupt at {offset}")
+            raws: list[bytes] = []
+            items: list[tuple[int, int, Any]] = []
+            olds: list[Location] = []
+            view = memoryview(data)
+            for i, (off, record) in enumerate(pairs):
+                end = pairs[i + 1][0] if i + 1 < len(pairs) else good
+                if not isinstance(record, AddRecord):
+                    continue
+                loc = (log_id, offset + off, end - off)
+                if self._index.get(record.ledger_id, record.entry_id) != loc:
+                    continue  # deleted, or overwritten since: garbage
+                raws.append(bytes(view[off:end]))
+                items.append((TYPE_ADD, record.ledger_id, record.entry_id))
+                olds.append(loc)
+            del view
+            if raws:
+                result = await self._journal.run_in_writer(self._writer.append, raws, items)
+                self._relocate(olds, result)
+                moved += sum(len(r) for r in raws)
+            offset += good
+            await pacer.acquire(good)
+        return moved
+
+    def _relocate(self, olds: list[Location], result: list[tuple[int, int, Location]]) -> None:
+        """Point moved entries at their new place, unless they changed meanwhile."""
+        live = self._live
+        index = self._index
+        for old, (ledger_id, entry_id, new) in zip(olds, result, strict=True):
+            if index.get(ledger_id, entry_id) != old:
+                continue  # deleted or overwritten while being moved: the copy is garbage
+            index.put(ledger_id, entry_id, new)
+            live[new[0]] = live.get(new[0], 0) + new[2]
+            live[old[0]] -= old[2]

@@ -1,0 +1,251 @@
+"""Entry logs: the journal's ADD records copied verbatim into
+``ledger_dir/entrylog/<id:08x>.log``, and ``index.log`` beside them.
+
+Every file access of the entry logs is here: :class:`_EntryLogWriter` (the
+journal's writer thread, or the recovery thread during open) appends records and
+their index records; :class:`_EntryLogReader` (the read pool) reads them back,
+verified; the helpers below list, read, delete and sync them for compaction and
+checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ...errors import BookieIOError
+from .. import journal as _journal
+from ..journal import fsync_dir, write_all
+from ..journal_format import HEADER_BYTES, AddRecord, decode_one, record_size_at
+from .index import INDEX_RECORD, RECORD_SPAN_MAX, Location
+
+ENTRYLOG_DIR = "entrylog"
+
+
+def entry_log_name(log_id: int) -> str:
+    return f"{log_id:08x}.log"
+
+
+def _parse_entry_log_name(name: str) -> int | None:
+    """The id of an entry log file name (``entry_log_name``'s inverse), else None."""
+    if len(name) != 12 or not name.endswith(".log"):
+        return None
+    digits = name[:8]
+    if any(c not in "0123456789abcdef" for c in digits):
+        return None
+    return int(digits, 16)
+
+
+class _EntryLogWriter:
+    """Appends ADD records to entry logs and index.log.  Used by one thread at a
+    time: the recovery thread during open, then the journal's writer thread."""
+
+    def __init__(self, directory: Path, bytes_max: int, log_id: int, fd: int, length: int,
+                 index_fd: int, index_length: int) -> None:
+        self.directory = directory
+        self.bytes_max = bytes_max
+        self.log_id = log_id
+        self.length = length
+        self.index_length = index_length
+        self._fd = fd
+        self._index_fd = index_fd
+        self._unsynced: list[int] = []
+
+    def append(self, records: Sequence[bytes | memoryview],
+               items: Sequence[tuple[int, int, Any]]) -> list[tuple[int, int, Location]]:
+        """Append ADD records (items are ``(kind, ledger_id, entry_id)``); returns
+        ``(ledger_id, entry_id, location)`` for each, in order."""
+        out: list[tuple[int, int, Location]] = []
+        pieces: list[bytes | memoryview] = []
+        index: list[bytes] = []
+        pack = INDEX_RECORD.pack
+        off = self.length
+        log_id = self.log_id
+        for record, item in zip(records, items, strict=True):
+            n = len(record)
+            if off > 0 and off + n > self.bytes_max:
+                self._write(pieces, index, off)
+                pieces, index = [], []
+                self._rotate()
+                off = 0
+                log_id = self.log_id
+            ledger_id = item[1]
+            entry_id = item[2]
+            pieces.append(record)
+            index.append(pack(ledger_id, entry_id, log_id, off, n))
+            out.append((ledger_id, entry_id, (log_id, off, n)))
+            off += n
+        self._write(pieces, index, off)
+        return out
+
+    def _write(self, pieces: list[bytes | memoryview], index: list[bytes], end: int) -> None:
+        if not pieces:
+            return
+        write_all(self._fd, pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        self.length = end
+        write_all(self._index_fd, b"".join(index))
+        self.index_length += INDEX_RECORD.size * len(index)
+
+    def _rotate(self) -> None:
+        # The finished log is made durable by the next checkpoint (the only thing that
+        # relies on entry logs being durable), not here: an fsync on this thread would
+        # stall every group commit behind it.
+        self._unsynced.append(self._fd)
+        self._fd = -1
+        new_id = self.log_id + 1
+        path = self.directory / entry_log_name(new_id)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.log_id, self.length = new_id, 0
+
+    def take_for_sync(self) -> list[int]:
+        """File descriptors a checkpoint must fdatasync before its mark is written:
+        the logs finished since the last checkpoint (handed over) and duplicates of
+        the current log and index (the caller closes them all)."""
+        fds, self._unsynced = self._unsynced, []
+        fds.append(os.dup(self._fd))
+        fds.append(os.dup(self._index_fd))
+        return fds
+
+    def close(self) -> None:
+        fds, self._unsynced = self._unsynced, []
+        for fd in fds:
+            os.close(fd)
+        for name in ("_fd", "_index_fd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                setattr(self, name, -1)
+                os.close(fd)
+
+
+class _EntryLogReader:
+    """``os.pread`` of entry records on the read pool; one read-only fd per log, kept open."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fds: dict[int, int] = {}
+        self._retired: list[int] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _fd(self, log_id: int) -> int:
+        with self._lock:
+            if self._closed:
+                raise BookieIOError("storage is closed")
+            fd = self._fds.get(log_id)
+            if fd is None:
+                fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
+                self._fds[log_id] = fd
+            return fd
+
+    def read(self, loc: Location, ledger_id: int, entry_id: int) -> bytes:
+        log_id, offset, length = loc
+        if not HEADER_BYTES < length <= RECORD_SPAN_MAX or not 0 <= offset <= 0xFFFFFFFF:
+            raise BookieIOError(f"entry {ledger_id}/{entry_id}: bad location {loc}")
+        try:
+            data = os.pread(self._fd(log_id), length, offset)
+        except OSError as exc:
+            raise BookieIOError(f"reading entry {ledger_id}/{entry_id}: {exc}") from exc
+        got = decode_one(data)
+        if got is None or len(data) != length:
+            raise BookieIOError(
+                f"entry {ledger_id}/{entry_id} is corrupt in entry log {log_id} at {offset}"
+            )
+        record = got[0]
+        if (not isinstance(record, AddRecord) or record.ledger_id != ledger_id
+                or record.entry_id != entry_id):
+            raise BookieIOError(f"index points entry {ledger_id}/{entry_id} at another record")
+        return record.body
+
+    def forget(self, log_id: int) -> None:
+        """Retire the descriptor of a log about to be deleted (compaction).  It stays
+        open until the next retirement, so a read already holding it still works (an
+        unlinked file stays readable through an open descriptor)."""
+        with self._lock:
+            fd = self._fds.pop(log_id, None)
+            old, self._retired = self._retired, [fd] if fd is not None else []
+        for each in old:
+            os.close(each)
+
+    def read_run(self, locs: Sequence[Location], ledger_id: int, first: int) -> list[bytes]:
+        """The bodies of entries ``first, first + 1, ...`` at ``locs``.  Records that
+        lie back to back in one entry log (a ledger written alone) are read with a
+        single ``pread``."""
+        if any(not HEADER_BYTES < n <= RECORD_SPAN_MAX or not 0 <= o <= 0xFFFFFFFF
+               for _, o, n in locs):
+            raise BookieIOError(f"entries of ledger {ledger_id}: bad location")
+        out: list[bytes] = []
+        i = 0
+        while i < len(locs):
+            log_id, offset, length = locs[i]
+            j = i + 1
+            end = offset + length
+            while j < len(locs) and locs[j][0] == log_id and locs[j][1] == end:
+                end += locs[j][2]
+                j += 1
+            try:
+                data = os.pread(self._fd(log_id), end - offset, offset)
+            except OSError as exc:
+                raise BookieIOError(f"reading entries of ledger {ledger_id}: {exc}") from exc
+            if len(data) != end - offset:
+                raise BookieIOError(f"entry log {log_id} is shorter than its index says")
+            pos = 0
+            for k in range(i, j):
+                entry_id = first + k
+                got = decode_one(data, pos)
+                record = got[0] if got is not None else None
+                if (got is None or got[1] != pos + locs[k][2] or not isinstance(record, AddRecord)
+                        or record.ledger_id != ledger_id or record.entry_id != entry_id):
+                    raise BookieIOError(f"entry {ledger_id}/{entry_id} is corrupt in entry log "
+                                        f"{log_id} at {offset + pos}")
+                out.append(record.body)
+                pos = got[1]
+            i = j
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            fds, self._fds = self._fds, {}
+            retired, self._retired = self._retired, []
+        for fd in [*fds.values(), *retired]:
+            os.close(fd)
+
+
+def _entry_log_sizes(directory: Path) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for entry in os.scandir(directory):
+        log_id = _parse_entry_log_name(entry.name)
+        if log_id is not None:
+            out[log_id] = entry.stat().st_size
+    return out
+
+
+def _pread_path(path: Path, length: int, offset: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+    # a record longer than the chunk: read exactly as much as it needs
+    need = record_size_at(data, 0)
+    if need is not None and need > len(data):
+        return _pread_path(path, need, offset)
+    return data
+
+
+def _unlink_quietly(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def _sync_and_close(fds: list[int]) -> None:
+    try:
+        for fd in fds:
+            _journal.fdatasync(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
