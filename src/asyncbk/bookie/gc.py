@@ -32,7 +32,7 @@ from ..config import BookieConfig
 from ..errors import BKError, MetadataError, NoSuchLedgerError
 from ..meta.api import LedgerMetadataStore, LockStore
 from ..meta.keys import ledger_lock
-from .storage import LedgerStorage
+from .storage import Storage
 
 COMPACTION_BATCH_LOGS = 16
 """Entry logs compacted together (their moves made durable by one checkpoint)."""
@@ -44,7 +44,7 @@ class GcMetadata(LedgerMetadataStore, LockStore, Protocol):
 
 
 class GarbageCollector:
-    def __init__(self, storage: LedgerStorage, meta: GcMetadata, bookie_id: str,
+    def __init__(self, storage: Storage, meta: GcMetadata, bookie_id: str,
                  config: BookieConfig, lease_id: Any, log: Any, *,
                  clock: Clock | None = None) -> None:
         self.storage = storage

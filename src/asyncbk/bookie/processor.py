@@ -58,7 +58,7 @@ from ..proto import (
     encode_add_response,
 )
 from ..stats import LatencyHistogram
-from .storage import LedgerStorage
+from .storage import RequestStorage
 
 _RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
 
@@ -93,7 +93,7 @@ class _LacWaiter:
 
 
 class RequestProcessor:
-    def __init__(self, storage: LedgerStorage, bookie_id: str, log: Any = None) -> None:
+    def __init__(self, storage: RequestStorage, bookie_id: str, log: Any = None) -> None:
         self.storage = storage
         self.bookie_id = bookie_id
         self.state = BookieState.STARTING
@@ -537,7 +537,7 @@ class RequestProcessor:
                 "inflight_adds": self._inflight_adds, "lac_waiters": self._lac_waiter_count}
 
 
-def storage_queue_bound(storage: LedgerStorage) -> int:
+def storage_queue_bound(storage: RequestStorage) -> int:
     cfg = getattr(storage, "config", None)
     return int(getattr(cfg, "journal_queue_entries_max", 20_000))
 

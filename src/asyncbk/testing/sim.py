@@ -445,7 +445,7 @@ class SimBookie:
 
     async def start(self) -> None:
         self.storage = SimStorage(self.disk, self.config, self.net.rng)
-        self.processor = RequestProcessor(cast(Any, self.storage), self.id)
+        self.processor = RequestProcessor(self.storage, self.id)
         self.listener = BookieListener(self.processor, frame_bytes_max=self.config.frame_bytes_max,
                                        write_buffer_bytes_high=1 << 30, connections_max=10_000)
         processor = self.processor
