@@ -117,7 +117,7 @@ def read_checkpoint(ledger_dir: Path) -> dict[str, Any] | None:
 
 
 def _checkpoint_well_formed(payload: dict[str, Any]) -> bool:
-    """The fields :func:`_recover` uses, with their types and ranges."""
+    """The fields :func:`.recovery._recover` uses, with their types and ranges."""
     def uint(v: Any, top: int = 2**63 - 1) -> bool:
         return type(v) is int and 0 <= v <= top
 

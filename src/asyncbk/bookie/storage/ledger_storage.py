@@ -61,7 +61,6 @@ def _statvfs(path: Path) -> tuple[int, int]:
 # --- the storage ------------------------------------------------------------------
 
 
-
 class LedgerStorage:
     """Durable entry storage of one bookie.  Create with :meth:`open`.
 
@@ -110,14 +109,14 @@ class LedgerStorage:
         """Live (indexed) bytes of each entry log, kept as entries come and go."""
         for log_id, _, length in self._index.locations():
             self._log_live[log_id] = self._log_live.get(log_id, 0) + length
-        self._compactor = EntryLogCompactor(
-            entrylog_dir=ledger_dir / ENTRYLOG_DIR, index=self._index, writer=self._writer,
-            reader=self._reader, journal=self._journal, read_pool=read_pool,
-            live=self._log_live, checkpoint=self.checkpoint, clock=clock, log=log)
         self._checkpoints_skipped = 0
         self._checkpoint_s_last = 0.0
         self._checkpoint_s_max = 0.0
         self._journal_files_deleted = 0
+        self._compactor = EntryLogCompactor(
+            entrylog_dir=ledger_dir / ENTRYLOG_DIR, index=self._index, writer=self._writer,
+            reader=self._reader, journal=self._journal, read_pool=read_pool,
+            live=self._log_live, checkpoint=self.checkpoint, clock=clock, log=log)
 
     @classmethod
     async def open(cls, journal_dir: Path, ledger_dir: Path, config: BookieConfig, *,
