@@ -29,8 +29,25 @@ ROOT = "/secure"
 
 
 @pytest.fixture
-async def tls(tmp_path: Path) -> LocalTLS:
-    return await asyncio.to_thread(LocalTLS.make, tmp_path / "tls")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def tls(tmp_path: Path, ca: trustme.CA) -> LocalTLS:
+    """The files of LocalTLS, from a CA the test keeps (to issue more certificates)."""
+    d = tmp_path / "tls"
+    d.mkdir()
+    made = LocalTLS(d, d / "ca.pem", d / "etcd.pem", d / "etcd.key", d / "client.pem",
+                    d / "client.key")
+    ca.cert_pem.write_to_path(str(made.ca))
+    for leaf, cert, key in ((ca.issue_cert("127.0.0.1", "localhost"), made.server_cert,
+                             made.server_key),
+                            (ca.issue_cert("asyncbk-client"), made.client_cert,
+                             made.client_key)):
+        leaf.cert_chain_pems[0].write_to_path(str(cert))
+        leaf.private_key_pem.write_to_path(str(key))
+    return made
 
 
 @pytest.fixture
@@ -40,6 +57,7 @@ async def etcd(tmp_path: Path, tls: LocalTLS) -> AsyncIterator[EtcdServer]:
     await server.start()
     try:
         await server.enable_auth(USER, PASSWORD, ROOT)
+        await server.enable_auth(USER, PASSWORD, ROOT)  # on already: nothing to do
         yield server
     finally:
         await server.stop()
@@ -135,3 +153,17 @@ async def test_wrong_or_missing_credentials_are_refused_clearly(
                                   ssl=ssl.create_default_context())
     with pytest.raises(ConfigError, match="both a user name and a password"):
         await open_metadata_store(uri, timeout_s=5.0, ssl=ctx, user=USER)
+
+
+async def test_a_client_certificate_with_a_common_name_is_refused_with_advice(
+        etcd: EtcdServer, tls: LocalTLS, ca: trustme.CA, tmp_path: Path) -> None:
+    """etcd's JSON gateway answers such a client in plain text once auth is on; the
+    error says so and what to do, instead of an AttributeError from etcd3-py."""
+    leaf = ca.issue_cert("asyncbk-client", common_name="asyncbk-client")
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "cn.pem"))
+    leaf.private_key_pem.write_to_path(str(tmp_path / "cn.key"))
+    ctx = client_context(str(tls.ca), str(tmp_path / "cn.pem"), str(tmp_path / "cn.key"))
+    with pytest.raises(MetadataError, match="without a CN") as info:
+        await open_metadata_store(etcd.uri(ROOT), timeout_s=5.0, ssl=ctx, user=USER,
+                                  password=PASSWORD)
+    assert PASSWORD not in str(info.value)

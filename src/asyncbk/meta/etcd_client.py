@@ -44,6 +44,7 @@ from etcd3.errors import (
     ErrPermissionDenied,
     ErrUserEmpty,
     Etcd3Exception,
+    get_client_error,
 )
 
 from ..errors import BKError, MetadataError
@@ -100,8 +101,33 @@ class _AioClient(AioClient):
     def __repr__(self) -> str:  # etcd3-py keeps the password on the client
         return f"<etcd client {self.host}:{self.port}>"
 
+    @staticmethod
+    async def _raise_for_status(resp: aiohttp.ClientResponse) -> None:
+        """etcd3-py's, but an answer that is not JSON (etcd's gateway says some
+        refusals in plain text) becomes an etcd error holding that text, instead of
+        an AttributeError from etcd3-py reading a private aiohttp field."""
+        if resp.status < 400:
+            return
+        try:
+            data = await resp.json(content_type=None)
+        except (ValueError, aiohttp.ClientError):
+            data = None
+        if isinstance(data, dict):
+            error, code = data.get("error") or data.get("message") or "", data.get("code", 2)
+        else:
+            error, code = (await resp.text(errors="replace")).strip()[:300] or resp.reason, 2
+        raise get_client_error(error, code, resp.status, resp)
+
 
 _POOL_SIZE = 30
+
+
+def _refusal_hint(exc: BaseException) -> str:
+    if "CommonName" in str(exc):
+        return (" (with authentication on, etcd's JSON gateway, which asyncbk uses, refuses "
+                "client certificates that have a common name: issue the certificate asyncbk "
+                "presents to etcd without a CN, its names in subjectAltName only)")
+    return ""
 
 
 def new_client(host: str, port: int, connect_timeout_s: float = TIMEOUT_S_DEFAULT,
@@ -311,7 +337,8 @@ class EtcdClient:
                 ) from None
             except Etcd3Exception as exc:
                 if not _is_unavailable(exc):
-                    raise MetadataError(f"etcd {what} at {endpoint} failed: {exc}") from exc
+                    raise MetadataError(f"etcd {what} at {endpoint} failed: {exc}"
+                                        f"{_refusal_hint(exc)}") from exc
                 failures.append(f"{endpoint}: {exc}")
                 self._failed(index)
                 if not retry_unknown:
