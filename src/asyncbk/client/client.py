@@ -2,101 +2,29 @@
 
 from __future__ import annotations
 
-import asyncio
-import builtins
-import contextlib
 import hmac
 import random
 import ssl as ssl_module
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Collection
 from types import TracebackType
 from typing import Any, Self
 
 from ..config import ClientConfig, from_mapping
 from ..errors import BKError, NotEnoughBookiesError, UnauthorizedAccessError
 from ..log import get_logger
-from ..meta.api import BookieRegistration, MetadataStore
+from ..meta.api import MetadataStore
 from ..meta.model import DIGESTS, LedgerMetadata, LedgerState, new_metadata
 from ..meta.uri import open_metadata_store
 from ..net.channel import BookieClient, Connector, tcp_connector
-from ..proto import BookieInfoRequest, BookieInfoResponse, Status
-from ..stats import LatencyHistogram
 from ..types import BookieId
+from .bookies import WRITABLE_STATE, BookieWatcher
+from .context import ClientContext, ClientStats
 from .ledger import LedgerHandle, ReadHandle
 from .placement import Quarantine, RandomPlacement
 from .recovery import LedgerRecoveryOp
 
-WRITABLE_STATE = "writable"
-"""The state a bookie reports in BOOKIE_INFO when it takes adds."""
-
-
-class BookieWatcher:
-    """The live view of registered bookies, kept by a watch on the metadata store.
-
-    ``on_registered(bookie, session)`` is called for each registration the watch
-    delivers that is new (a bookie that appeared, or registered anew after a restart
-    or a lost lease)."""
-
-    def __init__(self, meta: MetadataStore,
-                 on_registered: Callable[[BookieId, Any], None] = lambda b, s: None) -> None:
-        self._meta = meta
-        self._on_registered = on_registered
-        self._view: dict[BookieId, BookieRegistration] | None = None
-        self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        async for view in self._meta.watch_bookies():
-            before = self._view or {}
-            self._view = view
-            for bookie, reg in view.items():
-                old = before.get(bookie)
-                if old is None or old.session != reg.session:
-                    self._on_registered(bookie, reg.session)
-            self._changed.set()
-            self._changed = asyncio.Event()
-
-    def session(self, bookie: BookieId) -> Any:
-        """The bookie's current registration (None if not registered or not known yet)."""
-        reg = (self._view or {}).get(bookie)
-        return reg.session if reg is not None else None
-
-    async def writable(self, timeout_s: float) -> list[BookieId]:
-        if self._view is None:
-            # Not yet delivered by the watch: ask directly.
-            async with asyncio.timeout(timeout_s):
-                view = await self._meta.list_bookies()
-        else:
-            view = self._view
-        return sorted(b for b, reg in view.items() if not reg.readonly)
-
-    async def wait_for_change(self, timeout_s: float) -> None:
-        """Return when the registry changes next, or after ``timeout_s``."""
-        with contextlib.suppress(builtins.TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await self._changed.wait()
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task])
-            self._task = None
-
-
-class ClientStats:
-    """What this client did (``BookKeeper.stats``; ``asyncbk.client.metrics`` exports
-    it to Prometheus): append latency (call to acknowledgement), read latency (per
-    read call), entries read, ensemble changes."""
-
-    def __init__(self) -> None:
-        self.add_latency = LatencyHistogram()
-        self.read_latency = LatencyHistogram()
-        self.read_entries = 0
-        self.ensemble_changes = 0
+__all__ = ["WRITABLE_STATE", "BookKeeper", "BookieWatcher", "ClientContext", "ClientStats"]
 
 
 class BookKeeper:
@@ -120,6 +48,10 @@ class BookKeeper:
         self.quarantine = Quarantine(config.bookie_quarantine_s)
         self.stats = ClientStats()
         self.bookies = BookieWatcher(meta, self._on_bookie_registered)
+        self.context = ClientContext(meta=meta, config=config, bookie_client=self.bookie_client,
+                                     bookies=self.bookies, placement=self.placement,
+                                     quarantine=self.quarantine, stats=self.stats)
+        """What handles and recoveries are given (they never hold the client)."""
         self._log = get_logger()
         self._closed = False
 
@@ -131,31 +63,12 @@ class BookKeeper:
 
     def quarantine_bookie(self, bookie: BookieId) -> None:
         """Keep ``bookie``, which just failed, out of ensembles for a while."""
-        self.quarantine.add(bookie, self.bookies.session(bookie))
+        self.context.quarantine_bookie(bookie)
 
     async def release_healthy(self, bookies: Collection[BookieId]) -> set[BookieId]:
-        """Ask each quarantined bookie of ``bookies`` whether it is writable (one
-        BOOKIE_INFO, answered within ``probe_timeout_s``); lift the quarantine of those
-        that are and return them."""
-        if not bookies:
-            return set()
-        timeout_s = self.config.probe_timeout_s
-        futs = {}
-        for bookie in sorted(bookies):
-            ch = self.bookie_client.channel(bookie)
-            futs[bookie] = ch.request(BookieInfoRequest(ch.next_request_id()), timeout_s)
-        results = await asyncio.gather(*futs.values(), return_exceptions=True)
-        healthy = set()
-        for bookie, r in zip(futs, results, strict=True):
-            if isinstance(r, BookieInfoResponse) and r.status == Status.OK \
-                    and r.state == WRITABLE_STATE:
-                healthy.add(bookie)
-                self.quarantine.release(bookie)
-            elif isinstance(r, BaseException) and not isinstance(r, BKError):
-                raise r
-        if healthy:
-            self._log.info("quarantined bookies answer as writable again", bookies=sorted(healthy))
-        return healthy
+        """Lift the quarantine of those of ``bookies`` that answer as writable (see
+        :meth:`ClientContext.release_healthy`)."""
+        return await self.context.release_healthy(bookies)
 
     @classmethod
     async def connect(cls, metadata_uri: str, *, ssl: ssl_module.SSLContext | None = None,
@@ -239,7 +152,7 @@ class BookKeeper:
         md = await self.meta.create_ledger(md)
         self._log.info("ledger created", ledger_id=ledger_id, ensemble=list(ensemble),
                        write_quorum=write_quorum, ack_quorum=ack_quorum)
-        return LedgerHandle(self, md, password)
+        return LedgerHandle(self.context, md, password)
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"",
                           recovery: bool = True) -> ReadHandle:
@@ -253,8 +166,8 @@ class BookKeeper:
                     "password=... to open_ledger")
             raise UnauthorizedAccessError(f"ledger {ledger_id}: wrong password")
         if recovery and md.state is not LedgerState.CLOSED:
-            md = await LedgerRecoveryOp(self, md, password).run()
-        handle = ReadHandle(self, md, password)
+            md = await LedgerRecoveryOp(self.context, md, password).run()
+        handle = ReadHandle(self.context, md, password)
         if not md.is_closed:
             try:
                 await handle.read_last_add_confirmed()

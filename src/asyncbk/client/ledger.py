@@ -1,454 +1,85 @@
-"""Ledger handles: reading (:class:`ReadHandle`) and writing (:class:`LedgerHandle`).
+"""The writer's handle: :class:`LedgerHandle` (reads come from :class:`ReadHandle`).
 
-Write path (``LedgerHandle.append``): the call assigns the next entry id,
-seals the payload in its digest envelope (with the current LAC piggybacked),
-sends it to the ``Qw`` bookies of its write set and returns a future, all
-without suspending.  Each bookie's acknowledgement is recorded in the add's
-:class:`~asyncbk.client.quorum.AckSet`; adds complete strictly in entry-id
-order from the head of the pending queue, each advancing the LAC, so futures
-resolve in id order.
+The path of one append (see docs/architecture.md): ``append`` assigns the next
+entry id, seals the payload in its digest envelope (with the current LAC
+piggybacked) and submits it to the :class:`~asyncbk.client.write_path.WritePath`,
+whose answer says which ensemble positions to send it to; the channels send it
+and each bookie's answer goes back to the write path, which says which entries
+are now complete (in id order, each advancing the LAC), and the handle resolves
+their futures.  All of that without suspending.  The quorum, completion and
+survival rules live in the write path; this module does the I/O: channels,
+futures, timers, metadata.
 
 Ensemble change: when a bookie errors, times out or answers READ_ONLY /
 NOT_READY on an add, the handle picks a replacement (not in the ensemble),
 starts a new fragment at ``LAC + 1`` by compare-and-swap on the metadata, and
-re-sends every pending entry whose write set includes a replaced position.
-While the change is being committed no add completes: an add that reached its
-ack quorum with the help of a replaced bookie is no longer complete once the
-new fragment says that position belongs to another bookie, so its
-acknowledgement from the replaced bookie is withdrawn and the entry re-sent.
-A lost compare-and-swap re-reads the metadata; a ledger no longer OPEN (a
-recovery started) fails the pending adds with LedgerFencedError.  With no
-replacement available, the handle writes on without the failed bookies as
+tells the write path, which re-sends every pending entry whose write set
+includes a replaced position (no add completes while the change is being
+committed).  A lost compare-and-swap re-reads the metadata; a ledger no longer
+OPEN (a recovery started) fails the pending adds with LedgerFencedError.  With
+no replacement available, the handle writes on without the failed bookies as
 long as every write set keeps an ack quorum of healthy ones (retrying the
-replacement every ``DEGRADED_RETRY_S``); otherwise the pending adds fail with
-NotEnoughBookiesError.
+replacement every ``DEGRADED_RETRY_S``); otherwise appends wait, and fail with
+NotEnoughBookiesError once none has completed for ``ensemble_change_timeout_s``.
 
 A handle that fails (fenced, no replacement, add quorum timeout) fails every
 pending add with the cause and refuses later appends with it.
-
-Read path: each entry is asked of the bookies of its write set in order; the
-next one is tried at once on an error or digest mismatch, and speculatively
-after ``speculative_read_timeout_s`` if the current one is slow.  The first
-good answer wins and the other requests are cancelled.  Where a fragment's
-write set is its whole ensemble (``Qw = E``) every bookie holds every entry,
-and ranges are read in batches (READ_BATCH), spread over the ensemble; what a
-batch cannot deliver (an error, a short run, a bad digest, a slow bookie) is
-read entry by entry as above, so errors are those of single reads.
 """
 
 from __future__ import annotations
 
 import asyncio
-import builtins
 import collections
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import (
     BadRequestError,
     BKError,
-    BookieIOError,
-    BookieReadOnlyError,
     BookieUnavailableError,
-    DigestMismatchError,
     EntryTooLargeError,
     LedgerClosedError,
     LedgerFencedError,
     MetadataVersionError,
-    NoSuchEntryError,
-    NoSuchLedgerError,
     NotEnoughBookiesError,
-    ReadBeyondLastAddConfirmedError,
     TimeoutError,
     TooManyRequestsError,
     UnauthorizedAccessError,
     invariant,
 )
-from ..log import get_logger
 from ..meta.model import Ensemble, LedgerMetadata, LedgerState
-from ..net.channel import expect_answer, next_answers
-from ..proto import (
-    AddFlag,
-    AddResponse,
-    LongPollLacRequest,
-    LongPollLacResponse,
-    ReadBatchRequest,
-    ReadBatchResponse,
-    ReadLacRequest,
-    ReadLacResponse,
-    ReadRequest,
-    ReadResponse,
-    Response,
-    Status,
-    WriteLacRequest,
+from ..proto import AddFlag, AddResponse, Response, Status, WriteLacRequest
+from ..types import BookieId
+from .context import ClientContext
+from .read_handle import (
+    FRAME_OVERHEAD_BYTES_MAX,
+    READ_BATCH_ENTRIES_MAX,
+    READ_BATCHES_INFLIGHT,
+    READ_WINDOW_ENTRIES_MAX,
+    ReadHandle,
+    status_error,
 )
-from ..types import BookieId, LedgerEntry
-from .digest import DigestManager, master_key
-from .quorum import AckSet, write_set
+from .write_path import NOTHING, Effects, WritePath
 
-if TYPE_CHECKING:
-    from .client import BookKeeper
-
-READ_WINDOW_ENTRIES_MAX = 1024
-"""Entry reads in flight for one ``read`` call."""
-
-READ_BATCH_ENTRIES_MAX = 256
-"""Entries asked for in one READ_BATCH request."""
-
-READ_BATCHES_INFLIGHT = 4
-"""READ_BATCH requests in flight for one ``read`` call (spread over the ensemble)."""
+__all__ = ["DEGRADED_RETRY_S", "FRAME_OVERHEAD_BYTES_MAX", "READ_BATCHES_INFLIGHT",
+           "READ_BATCH_ENTRIES_MAX", "READ_WINDOW_ENTRIES_MAX", "LedgerHandle", "ReadHandle",
+           "status_error"]
 
 DEGRADED_RETRY_S = 2.0
 """How often a handle writing without failed bookies (no spare) tries to replace them."""
 
-FRAME_OVERHEAD_BYTES_MAX = 512
-"""Room kept in a frame for the add request's other fields and the envelope header."""
-
-_STATUS_ERRORS: dict[int, type[BKError]] = {
-    Status.NO_LEDGER: NoSuchLedgerError,
-    Status.NO_ENTRY: NoSuchEntryError,
-    Status.FENCED: LedgerFencedError,
-    Status.UNAUTHORIZED: UnauthorizedAccessError,
-    Status.READ_ONLY: BookieReadOnlyError,
-    Status.BAD_REQUEST: BadRequestError,
-    Status.TOO_MANY_REQUESTS: TooManyRequestsError,
-    Status.IO_ERROR: BookieIOError,
-    Status.NOT_READY: BookieUnavailableError,
-}
-
-
-def status_error(status: int, what: str) -> BKError:
-    """The client error for a bookie's non-OK status."""
-    try:
-        name = Status(status).name
-    except ValueError:
-        name = f"unknown status {status}"
-    return _STATUS_ERRORS.get(status, BookieIOError)(f"{what}: bookie answered {name}")
-
-
-class ReadHandle:
-    """A handle to read a ledger (and to follow it while it is written)."""
-
-    _follows_metadata = True
-    """Whether reads may re-read the ledger's metadata when it may be stale (a reader;
-    a writer's own metadata is always current)."""
-
-    def __init__(self, bk: BookKeeper, metadata: LedgerMetadata, password: bytes) -> None:
-        self._bk = bk
-        self._metadata = metadata
-        self._digest = DigestManager(metadata.ledger_id, metadata.digest, password)
-        self._master_key = master_key(password)
-        self._lac = metadata.last_entry_id if metadata.is_closed else -1
-        self._log = get_logger(ledger_id=metadata.ledger_id)
-
-    @property
-    def id(self) -> int:
-        return self._metadata.ledger_id
-
-    @property
-    def metadata(self) -> LedgerMetadata:
-        return self._metadata
-
-    @property
-    def last_add_confirmed(self) -> int:
-        return self._lac
-
-    def _advance_lac(self, lac: int) -> None:
-        if lac > self._lac:
-            self._lac = lac
-
-    # ------------------------------------------------------------------ reads
-
-    async def read(self, first: int, last: int) -> list[LedgerEntry]:
-        """Entries ``first..last`` (inclusive); all must be at or below the LAC."""
-        if last > self._lac:
-            raise ReadBeyondLastAddConfirmedError(
-                f"ledger {self.id}: asked for entries up to {last}, last add confirmed is "
-                f"{self._lac}; call read_last_add_confirmed() or read_unconfirmed()")
-        return await self.read_unconfirmed(first, last)
-
-    async def read_unconfirmed(self, first: int, last: int) -> list[LedgerEntry]:
-        """Entries ``first..last`` without the LAC bound (no repeatable-read guarantee)."""
-        if first < 0 or last < first:
-            raise ValueError(f"bad entry range {first}..{last}")
-        started = asyncio.get_running_loop().time()
-        try:
-            out = await self._read_range(first, last)
-        except (BookieUnavailableError, NoSuchEntryError):
-            # A reader of an open ledger may hold fragments from before the writer
-            # replaced a bookie: the entries are on the replacement.  Re-read the
-            # metadata and, if the fragments changed, read again.
-            if not self._follows_metadata or self._metadata.is_closed:
-                raise
-            before = self._metadata.ensembles
-            await self._refresh_metadata()
-            if self._metadata.ensembles == before:
-                raise
-            out = await self._read_range(first, last)
-        stats = self._bk.stats
-        stats.read_latency.observe(asyncio.get_running_loop().time() - started)
-        stats.read_entries += len(out)
-        return out
-
-    async def _read_range(self, first: int, last: int) -> list[LedgerEntry]:
-        out: list[LedgerEntry] = []
-        md = self._metadata
-        batched = md.write_quorum == md.ensemble_size and self._bk.config.read_batch
-        pos = first
-        while pos <= last:
-            index = _fragment_index(md, pos)
-            frag_last = md.fragment_bounds(index)[1]
-            hi = last if frag_last < 0 or index + 1 == len(md.ensembles) else min(last, frag_last)
-            if batched and hi > pos:
-                out.extend(await self._read_batched(pos, hi, md.ensembles[index][1]))
-            else:
-                for lo in range(pos, hi + 1, READ_WINDOW_ENTRIES_MAX):
-                    top = min(hi, lo + READ_WINDOW_ENTRIES_MAX - 1)
-                    out.extend(await asyncio.gather(*(self._read_entry(e)
-                                                      for e in range(lo, top + 1))))
-            pos = hi + 1
-        return out
-
-    async def _read_batched(self, first: int, last: int, ensemble: Ensemble) -> list[LedgerEntry]:
-        """Entries ``first..last`` of one fragment whose every bookie holds every entry."""
-        chunks = [(lo, min(last, lo + READ_BATCH_ENTRIES_MAX - 1))
-                  for lo in range(first, last + 1, READ_BATCH_ENTRIES_MAX)]
-        out: list[LedgerEntry] = []
-        for w in range(0, len(chunks), READ_BATCHES_INFLIGHT):
-            window = chunks[w:w + READ_BATCHES_INFLIGHT]
-            parts = await asyncio.gather(*(self._read_chunk(lo, hi, ensemble, w + i)
-                                           for i, (lo, hi) in enumerate(window)))
-            for part in parts:
-                out.extend(part)
-        return out
-
-    async def _read_chunk(self, first: int, last: int, ensemble: Ensemble,
-                          start: int) -> list[LedgerEntry]:
-        cfg = self._bk.config
-        wait_s = cfg.speculative_read_timeout_s or cfg.read_timeout_s
-        entries: list[LedgerEntry] = []
-        pos = first
-        for k in range(len(ensemble)):
-            bookie = ensemble[(start + k) % len(ensemble)]
-            while pos <= last:
-                got = await self._read_batch_from(bookie, pos, last - pos + 1, wait_s)
-                if not got:
-                    break
-                entries.extend(got)
-                pos += len(got)
-            if pos > last:
-                return entries
-        # what no batch delivered: entry by entry, with failover and speculation
-        entries.extend(await asyncio.gather(*(self._read_entry(e) for e in range(pos, last + 1))))
-        return entries
-
-    async def _read_batch_from(self, bookie: BookieId, first: int, count: int,
-                               wait_s: float) -> list[LedgerEntry]:
-        """The good prefix of one READ_BATCH answer (empty on any failure)."""
-        cfg = self._bk.config
-        ch = self._bk.bookie_client.channel(bookie)
-        bytes_max = max(1, cfg.frame_bytes_max - FRAME_OVERHEAD_BYTES_MAX - 8 * count)
-        fut = ch.request(ReadBatchRequest(ch.next_request_id(), self.id, first, count, bytes_max),
-                         cfg.read_timeout_s)
-        try:
-            async with asyncio.timeout(wait_s):
-                resp = await fut
-        except (BKError, builtins.TimeoutError):  # an error, or slow: read entry by entry
-            fut.cancel()
-            return []
-        try:
-            resp = expect_answer(resp, ReadBatchResponse, bookie)
-        except BKError:
-            return []
-        if resp.status != Status.OK:
-            return []
-        out: list[LedgerEntry] = []
-        lac = resp.lac
-        for i, body in enumerate(resp.bodies[:count]):
-            try:
-                entry_lac, _, payload = self._digest.unseal(first + i, body)
-            except DigestMismatchError as exc:
-                self._log.warning("digest mismatch in a batch read", bookie=bookie,
-                                  entry_id=first + i, error=str(exc))
-                break
-            lac = max(lac, entry_lac)
-            out.append(LedgerEntry(self.id, first + i, payload))
-        self._advance_lac(lac)
-        return out
-
-    async def _read_entry(self, entry_id: int) -> LedgerEntry:
-        md = self._metadata
-        ensemble = md.ensemble_at(entry_id)
-        replicas = [ensemble[p] for p in write_set(entry_id, md.ensemble_size, md.write_quorum)]
-        cfg = self._bk.config
-        speculate_s = cfg.speculative_read_timeout_s or None
-        errors: list[BKError] = []
-        inflight: dict[asyncio.Future[Response], BookieId] = {}
-        tried = 0
-
-        def launch() -> None:
-            nonlocal tried
-            bookie = replicas[tried]
-            tried += 1
-            ch = self._bk.bookie_client.channel(bookie)
-            req = ReadRequest(ch.next_request_id(), md.ledger_id, entry_id, 0, b"")
-            inflight[ch.request(req, cfg.read_timeout_s)] = bookie
-
-        launch()
-        try:
-            while inflight:
-                answers = await next_answers(
-                    inflight, speculate_s if tried < len(replicas) else None)
-                if not answers:  # the current replicas are slow: ask one more
-                    launch()
-                    continue
-                for bookie, r in answers:
-                    if isinstance(r, BKError):
-                        errors.append(r)
-                    else:
-                        entry = self._accept_read(r, bookie, entry_id, errors)
-                        if entry is not None:
-                            return entry
-                    if tried < len(replicas):
-                        launch()
-        finally:
-            for fut in inflight:
-                fut.cancel()
-        if errors and all(isinstance(e, DigestMismatchError) for e in errors):
-            raise DigestMismatchError(
-                f"ledger {md.ledger_id} entry {entry_id}: no replica has a good copy")
-        if errors and all(isinstance(e, (NoSuchEntryError, NoSuchLedgerError)) for e in errors):
-            raise NoSuchEntryError(f"ledger {md.ledger_id} entry {entry_id} is on no bookie")
-        raise BookieUnavailableError(
-            f"ledger {md.ledger_id} entry {entry_id}: no replica could be read "
-            f"({'; '.join(str(e) for e in errors)})")
-
-    def _accept_read(self, resp: Response, bookie: BookieId, entry_id: int,
-                     errors: list[BKError]) -> LedgerEntry | None:
-        try:
-            resp = expect_answer(resp, ReadResponse, bookie)
-        except BKError as exc:
-            errors.append(exc)
-            return None
-        if resp.status != Status.OK:
-            errors.append(status_error(resp.status, f"read {self.id}:{entry_id} from {bookie}"))
-            return None
-        try:
-            lac, _, payload = self._digest.unseal(entry_id, resp.body)
-        except DigestMismatchError as exc:
-            self._log.warning("digest mismatch, reading another replica", bookie=bookie,
-                              entry_id=entry_id, error=str(exc))
-            errors.append(exc)
-            return None
-        self._advance_lac(max(lac, resp.lac))
-        return LedgerEntry(self.id, entry_id, payload)
-
-    async def read_last_add_confirmed(self) -> int:
-        """Ask the bookies for the LAC (the highest any of them knows); updates and returns it."""
-        md = self._metadata
-        if md.is_closed:
-            self._advance_lac(md.last_entry_id)
-            return self._lac
-        ensemble = md.ensembles[-1][1]
-        timeout_s = self._bk.config.read_timeout_s
-        futs = []
-        for bookie in ensemble:
-            ch = self._bk.bookie_client.channel(bookie)
-            futs.append(ch.request(ReadLacRequest(ch.next_request_id(), md.ledger_id), timeout_s))
-        results = await asyncio.gather(*futs, return_exceptions=True)
-        answered = 0
-        for r in results:
-            if isinstance(r, ReadLacResponse):
-                if r.status == Status.OK:
-                    answered += 1
-                    self._advance_lac(r.lac)
-                elif r.status == Status.NO_LEDGER:
-                    answered += 1
-            elif isinstance(r, BaseException) and not isinstance(r, BKError):
-                raise r
-        if answered == 0:
-            raise BookieUnavailableError(
-                f"ledger {md.ledger_id}: no bookie of {', '.join(ensemble)} answered a LAC read")
-        return self._lac
-
-    async def wait_for_lac(self, after: int, timeout: float) -> int:  # noqa: ASYNC109 (public API name)
-        """Long-poll the bookies until the LAC passes ``after`` or ``timeout`` seconds pass."""
-        if self._lac > after or self._metadata.is_closed:
-            return self._lac
-        md = self._metadata
-        ensemble = md.ensembles[-1][1]
-        timeout_ms = max(0, int(timeout * 1000))
-        grace_s = self._bk.config.read_timeout_s
-        futs: list[asyncio.Future[Response]] = []
-        for bookie in ensemble:
-            ch = self._bk.bookie_client.channel(bookie)
-            futs.append(ch.request(
-                LongPollLacRequest(ch.next_request_id(), md.ledger_id, after, timeout_ms),
-                timeout + grace_s))
-        pending = list(futs)
-        try:
-            async with asyncio.timeout(timeout + grace_s):
-                while pending and self._lac <= after:
-                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    pending = [f for f in pending if f not in done]
-                    for f in [f for f in futs if f in done]:  # send order: replayable
-                        if f.exception() is None:
-                            r = f.result()
-                            if isinstance(r, LongPollLacResponse) and r.status == Status.OK:
-                                self._advance_lac(r.lac)
-        except builtins.TimeoutError:
-            pass
-        finally:
-            for f in pending:
-                f.cancel()
-        return self._lac
-
-    async def tail(self, start: int = 0, poll_s: float = 1.0) -> AsyncIterator[LedgerEntry]:
-        """Entries from ``start`` on, waiting for new ones; ends after the last entry of a
-        closed ledger."""
-        next_id = start
-        while True:
-            if next_id <= self._lac:
-                last = min(self._lac, next_id + READ_WINDOW_ENTRIES_MAX - 1)
-                for entry in await self.read(next_id, last):
-                    yield entry
-                next_id = last + 1
-                continue
-            if self._metadata.is_closed:
-                return
-            before = self._lac
-            loop = asyncio.get_running_loop()
-            started_s = loop.time()
-            await self.wait_for_lac(self._lac, poll_s)
-            if self._lac == before:
-                await self._refresh_metadata()
-                # The long-poll ended early without news (bookies down or refusing):
-                # wait out the interval rather than spin on the metadata store.
-                idle_s = poll_s - (loop.time() - started_s)
-                if idle_s > 0 and not self._metadata.is_closed:
-                    await asyncio.sleep(idle_s)
-
-    async def _refresh_metadata(self) -> None:
-        md = await self._bk.meta.read_ledger(self.id)
-        self._metadata = md
-        if md.is_closed:
-            self._advance_lac(md.last_entry_id)
-
-    async def close(self) -> None:
-        """A read handle holds no resources; provided for symmetry."""
-
 
 class _PendingAdd:
-    __slots__ = ("acks", "body", "entry_id", "future", "sent", "submitted_s", "total_length")
+    """What the handle keeps of an entry until it completes (its acknowledgements are
+    the write path's)."""
 
-    def __init__(self, entry_id: int, total_length: int, body: bytes, acks: AckSet,
+    __slots__ = ("body", "entry_id", "future", "submitted_s", "total_length")
+
+    def __init__(self, entry_id: int, total_length: int, body: bytes,
                  future: asyncio.Future[int], submitted_s: float) -> None:
         self.entry_id = entry_id
         self.total_length = total_length
         self.body = body
-        self.acks = acks
         self.future = future
-        self.sent = False
         self.submitted_s = submitted_s
 
 
@@ -461,28 +92,32 @@ class LedgerHandle(ReadHandle):
 
     _follows_metadata = False
 
-    def __init__(self, bk: BookKeeper, metadata: LedgerMetadata, password: bytes, *,
+    def __init__(self, ctx: ClientContext, metadata: LedgerMetadata, password: bytes, *,
                  recovery: bool = False, lac: int = -1, length: int = 0) -> None:
-        super().__init__(bk, metadata, password)
+        super().__init__(ctx, metadata, password)
         self._loop = asyncio.get_running_loop()
+        self._clock = ctx.clock
         self._recovery = recovery
         self._add_flags = AddFlag.RECOVERY_ADD if recovery else AddFlag.NONE
         self._writable_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
         self._persisted_ensembles = metadata.ensembles
         self._lac = lac
-        self._next_entry_id = lac + 1
+        # A recovery does not publish its progress as a LAC: a concurrent recoverer may
+        # close the ledger shorter, and readers must never be told of entries past the
+        # end that wins (they trust the bookies' LAC while the ledger looks open).
+        self._writes = WritePath(metadata.ensembles[-1][1], metadata.write_quorum,
+                                 metadata.ack_quorum, lac=lac, publish_lac=not recovery)
+        self._ops: collections.deque[_PendingAdd] = collections.deque()
+        """Pending entries, in id order (the same as the write path's)."""
         self._length = length
         self._submitted_length = length
-        self._pending: collections.deque[_PendingAdd] = collections.deque()
         self._error: BKError | None = None
         self._closing: asyncio.Future[None] | None = None
+        self._drained: asyncio.Future[None] | None = None
+        """Resolved once no entry is pending (what close waits for)."""
         self._capacity = asyncio.Event()
         self._capacity.set()
-        self._pending_max = bk.config.pending_adds_max
-        self._failed_positions: dict[int, BKError] = {}
-        self._degraded: set[int] = set()
-        """Failed positions left unreplaced (no spare bookie) while every write set
-        still has an ack quorum of healthy bookies: adds skip them."""
+        self._pending_max = ctx.config.pending_adds_max
         self._degraded_retry: asyncio.TimerHandle | None = None
         self._stalled_since_s: float | None = None
         """Since when appends wait for want of bookies (None: they don't)."""
@@ -490,13 +125,12 @@ class LedgerHandle(ReadHandle):
         """The bookies that failed since then (named in the error if it lasts)."""
         self._change_task: asyncio.Task[None] | None = None
         self.ensemble_changes = 0
-        self._lac_sent = lac
         self._explicit_lac_handle: asyncio.TimerHandle | None = None
         self._quorum_timer: asyncio.TimerHandle | None = None
 
     @property
     def pending_adds(self) -> int:
-        return len(self._pending)
+        return len(self._ops)
 
     # ------------------------------------------------------------------ append
 
@@ -508,14 +142,14 @@ class LedgerHandle(ReadHandle):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"append takes bytes, not {type(data).__name__}")
         payload = bytes(data)
-        limit = self._bk.config.frame_bytes_max - FRAME_OVERHEAD_BYTES_MAX
+        limit = self._ctx.config.frame_bytes_max - FRAME_OVERHEAD_BYTES_MAX
         if len(payload) > limit:
             # Checked here: an oversized frame would make each bookie drop the whole
             # connection, failing other ledgers' requests too.
             raise EntryTooLargeError(
                 f"entry of {len(payload)} bytes exceeds the {limit}-byte maximum "
                 "(frame_bytes_max less overhead); split it into smaller entries")
-        entry_id = self._next_entry_id
+        entry_id = self._writes.next_entry_id
         total_length = self._submitted_length + len(payload)
         self._check_appendable()
         body = self._digest.seal(entry_id, self._lac, total_length, payload)
@@ -525,8 +159,8 @@ class LedgerHandle(ReadHandle):
     def append_recovered(self, entry_id: int, body: bytes, total_length: int) -> asyncio.Future[int]:
         """Recovery: re-write an entry read back from the bookies, byte for byte."""
         invariant(self._recovery, "append_recovered on a writer handle")
-        invariant(entry_id == self._next_entry_id,
-                  f"recovered entry {entry_id}, expected {self._next_entry_id}")
+        invariant(entry_id == self._writes.next_entry_id,
+                  f"recovered entry {entry_id}, expected {self._writes.next_entry_id}")
         self._check_appendable()
         self._submitted_length = total_length
         return self._enqueue(entry_id, total_length, body)
@@ -536,23 +170,18 @@ class LedgerHandle(ReadHandle):
             raise LedgerClosedError(f"ledger {self.id} is closed")
         if self._error is not None:
             raise self._error
-        if len(self._pending) >= self._pending_max:
+        if len(self._ops) >= self._pending_max:
             raise TooManyRequestsError(
-                f"ledger {self.id}: {len(self._pending)} appends in flight (pending_adds_max); "
+                f"ledger {self.id}: {len(self._ops)} appends in flight (pending_adds_max); "
                 "await earlier appends or wait_for_capacity()")
 
     def _enqueue(self, entry_id: int, total_length: int, body: bytes) -> asyncio.Future[int]:
-        md = self._metadata
-        self._next_entry_id = entry_id + 1
         fut: asyncio.Future[int] = self._loop.create_future()
-        op = _PendingAdd(entry_id, total_length, body, AckSet(md.write_quorum, md.ack_quorum),
-                         fut, self._loop.time())
-        self._pending.append(op)
-        if len(self._pending) >= self._pending_max:
+        self._ops.append(_PendingAdd(entry_id, total_length, body, fut, self._clock.monotonic_s()))
+        if len(self._ops) >= self._pending_max:
             self._capacity.clear()
-        if self._change_task is None:
-            self._send(op, write_set(entry_id, md.ensemble_size, md.write_quorum))
-        if self._quorum_timer is None and self._bk.config.add_quorum_timeout_s:
+        self._apply(self._writes.submit(entry_id))
+        if self._quorum_timer is None and self._ctx.config.add_quorum_timeout_s:
             self._arm_quorum_timer()
         return fut
 
@@ -560,161 +189,155 @@ class LedgerHandle(ReadHandle):
         """Wait until ``append`` would not raise TooManyRequestsError."""
         await self._capacity.wait()
 
-    def _send(self, op: _PendingAdd, positions: list[int]) -> None:
-        op.sent = True
-        md = self._metadata
-        ensemble = md.ensembles[-1][1]
-        client = self._bk.bookie_client
-        timeout_s = self._bk.config.add_timeout_s
-        # A recovery does not publish its progress as a LAC: a concurrent recoverer may
-        # close the ledger shorter, and readers must never be told of entries past the
-        # end that wins (they trust the bookies' LAC while the ledger looks open).
-        lac = -1 if self._recovery else self._lac
-        self._lac_sent = max(self._lac_sent, lac)
-        ledger_id, key, flags, entry_id, body = (md.ledger_id, self._master_key,
-                                                 self._add_flags, op.entry_id, op.body)
-        for pos in positions:
-            if pos in self._degraded:
-                continue
-            bookie = ensemble[pos]
-            client.channel(bookie).send_add(ledger_id, entry_id, key, flags, lac, body,
-                                            _AddCallback(self, op, pos, bookie), timeout_s)
+    # ------------------------------------------------------------------ effects
 
-    # ------------------------------------------------------------------ responses
-
-    def _on_add_response(self, op: _PendingAdd, position: int, bookie: BookieId,
-                         result: Response | BKError) -> None:
-        if self._error is not None or self._closing_done():
-            return
-        if self._metadata.ensembles[-1][1][position] != bookie:
-            return  # that position was given to another bookie since: stale answer
-        ok = isinstance(result, AddResponse) and result.status == Status.OK
-        if op.future.done():
-            # The add completed without this bookie; a failure still means the bookie
-            # must be replaced, or later entries would run short of replicas.
-            if not ok and position not in self._failed_positions:
-                self._bookie_failed(position, bookie, op.entry_id, result)
-            return
-        if ok:
-            op.acks.ack(position)
-            if self._change_task is None and self._pending and self._pending[0] is op:
-                self._complete_head()
-            return
-        error = (result if isinstance(result, BKError)
-                 else status_error(result.status, f"add {self.id}:{op.entry_id} to {bookie}"))
-        if isinstance(error, (LedgerFencedError, UnauthorizedAccessError, BadRequestError)):
-            self._log.warning("add refused, ledger handle unusable", entry_id=op.entry_id,
-                              bookie=bookie, error=str(error))
-            self._fail(error)
-            return
-        self._bookie_failed(position, bookie, op.entry_id, error)
-
-    def _bookie_failed(self, position: int, bookie: BookieId, entry_id: int,
-                       result: Response | BKError) -> None:
-        """A bookie-level failure: replace the bookie by an ensemble change."""
-        error = (result if isinstance(result, BKError)
-                 else status_error(result.status, f"add {self.id}:{entry_id} to {bookie}"))
-        if isinstance(error, (LedgerFencedError, UnauthorizedAccessError)):
-            self._fail(error)
-            return
-        if position in self._degraded:
-            return  # known, and left unreplaced for now
-        if position not in self._failed_positions:
-            self._log.info("bookie failed an add, changing ensemble", bookie=bookie,
-                           entry_id=entry_id, error=str(error))
-            self._failed_positions[position] = error
-            self._bk.quarantine_bookie(bookie)
-        if self._change_task is None:
+    def _apply(self, effects: Effects) -> None:
+        """Do what the write path decided."""
+        if effects.sends:
+            self._send(effects.sends, effects.lac)
+        if effects.completed:
+            self._complete(effects.completed)
+        if effects.start_change:
             self._change_task = self._loop.create_task(self._change_ensemble())
 
-    def _closing_done(self) -> bool:
-        return self._closing is not None and self._closing.done()
+    def _send(self, sends: tuple[tuple[int, int], ...], lac: int) -> None:
+        ensemble = self._writes.ensemble
+        client = self._ctx.bookie_client
+        timeout_s = self._ctx.config.add_timeout_s
+        ledger_id, key, flags = self.id, self._master_key, self._add_flags
+        ops = self._ops
+        first = ops[0].entry_id
+        for entry_id, pos in sends:
+            bookie = ensemble[pos]
+            client.channel(bookie).send_add(ledger_id, entry_id, key, flags, lac,
+                                            ops[entry_id - first].body,
+                                            _AddCallback(self, entry_id, pos, bookie), timeout_s)
 
-    def _complete_head(self) -> None:
-        pending = self._pending
-        released = False
-        stats = self._bk.stats
-        now = self._loop.time()
-        while pending and pending[0].acks.complete:
-            op = pending.popleft()
-            stats.add_latency.observe(now - op.submitted_s)
-            invariant(op.entry_id == self._lac + 1,
-                      f"ledger {self.id}: completing entry {op.entry_id} after LAC {self._lac}")
-            self._lac = op.entry_id
+    def _complete(self, entry_ids: tuple[int, ...]) -> None:
+        ops = self._ops
+        stats = self._ctx.stats
+        now_s = self._clock.monotonic_s()
+        for entry_id in entry_ids:
+            op = ops.popleft()
+            if op.entry_id != entry_id:
+                invariant(False, f"ledger {self.id}: completing entry {entry_id}, "
+                          f"the oldest pending is {op.entry_id}")
+            stats.add_latency.observe(now_s - op.submitted_s)
+            self._lac = entry_id
             self._length = op.total_length
-            released = True
-            if not op.future.done():
-                op.future.set_result(op.entry_id)
-        if len(pending) < self._pending_max:
+            if not op.future.done():  # (the application may have cancelled it)
+                op.future.set_result(entry_id)
+        if len(ops) < self._pending_max:
             self._capacity.set()
-        if released:
-            self._stalled_since_s = None
-            self._stalled_bookies.clear()
-            self._schedule_explicit_lac()
+        self._stalled_since_s = None
+        self._stalled_bookies.clear()
+        self._schedule_explicit_lac()
+        if not ops:
+            self._wake_drained()
 
     def _fail(self, error: BKError) -> None:
         if self._error is None:
             self._error = error
-        pending, self._pending = self._pending, collections.deque()
-        for op in pending:
+        self._writes.fail_all()
+        ops, self._ops = self._ops, collections.deque()
+        for op in ops:
             if not op.future.done():
                 op.future.set_exception(error)
                 # The application may never await a failed append; don't warn about it.
                 op.future.exception()
         self._capacity.set()
         self._cancel_timers()
+        self._wake_drained()
+
+    def _wake_drained(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    # ------------------------------------------------------------------ responses
+
+    def _on_add_response(self, entry_id: int, position: int, bookie: BookieId,
+                         result: Response | BKError) -> None:
+        if self._error is not None or self._closing_done():
+            return
+        writes = self._writes
+        if not writes.is_current(position, bookie):
+            return  # that position was given to another bookie since: stale answer
+        if isinstance(result, AddResponse) and result.status == Status.OK:
+            self._apply(writes.ack(entry_id, position, bookie))
+            return
+        # A failure of an entry that completed without this bookie still means the
+        # bookie must be replaced, or later entries would run short of replicas.
+        pending = writes.is_pending(entry_id)
+        if not pending and position in writes.failed_positions:
+            return
+        error = (result if isinstance(result, BKError)
+                 else status_error(result.status, f"add {self.id}:{entry_id} to {bookie}"))
+        if isinstance(error, (LedgerFencedError, UnauthorizedAccessError)) or (
+                pending and isinstance(error, BadRequestError)):
+            self._log.warning("add refused, ledger handle unusable", entry_id=entry_id,
+                              bookie=bookie, error=str(error))
+            self._fail(error)
+            return
+        effects = writes.failed(position, bookie)
+        if effects.newly_failed:
+            self._log.info("bookie failed an add, changing ensemble", bookie=bookie,
+                           entry_id=entry_id, error=str(error))
+            self._ctx.quarantine_bookie(bookie)
+        self._apply(effects)
+
+    def _closing_done(self) -> bool:
+        return self._closing is not None and self._closing.done()
 
     # ------------------------------------------------------------------ ensemble change
 
     async def _change_ensemble(self) -> None:
-        cfg = self._bk.config
+        cfg = self._ctx.config
+        writes = self._writes
         backoff_s = 0.05
         back: set[BookieId] = set()
         """Failed bookies of the ensemble found healthy again while appends waited:
         each may take its own position back (no spare to be had)."""
+        effects = NOTHING
         try:
-            while self._failed_positions and self._error is None:
+            while writes.failed_positions and self._error is None:
                 if self.ensemble_changes >= cfg.ensemble_changes_max:
                     raise NotEnoughBookiesError(
                         f"ledger {self.id}: {self.ensemble_changes} ensemble changes already "
                         "(ensemble_changes_max); giving up")
-                failed = dict(self._failed_positions)
+                failed = sorted(writes.failed_positions)
                 md = self._metadata
                 ensemble = list(md.ensembles[-1][1])
-                writable = await self._bk.bookies.writable(cfg.metadata_timeout_s)
-                quarantined = self._bk.quarantine.active()
-                keep = [p for p in sorted(failed) if ensemble[p] in back
+                writable = await self._ctx.bookies.writable(cfg.metadata_timeout_s)
+                quarantined = self._ctx.quarantine.active()
+                keep = [p for p in failed if ensemble[p] in back
                         and ensemble[p] in writable and ensemble[p] not in quarantined]
                 try:
-                    replacements = self._bk.placement.new_ensemble(
+                    replacements = self._ctx.placement.new_ensemble(
                         len(failed) - len(keep), writable, exclude=set(ensemble) | quarantined)
                 except NotEnoughBookiesError:
                     if not await self._no_replacement(failed, ensemble, writable, quarantined,
                                                       back):
                         break  # writing on without them (degraded)
-                    await self._bk.bookies.wait_for_change(backoff_s)
+                    await self._ctx.bookies.wait_for_change(backoff_s)
                     backoff_s = min(cfg.ensemble_change_backoff_s_max, backoff_s * 2)
                     continue
-                for pos, bookie in zip([p for p in sorted(failed) if p not in keep],
-                                       replacements, strict=True):
+                for pos, bookie in zip([p for p in failed if p not in keep], replacements,
+                                       strict=True):
                     ensemble[pos] = bookie
                 old = md.ensembles[-1][1]
                 if tuple(ensemble) != old:
                     first = self._lac + 1
                     self._metadata = await self._commit_ensemble(first, tuple(ensemble))
                     self.ensemble_changes += 1
-                    self._bk.stats.ensemble_changes += 1
+                    self._ctx.stats.ensemble_changes += 1
                     self._log.info("ensemble changed", first_entry_id=first, old=list(old),
-                                   new=list(ensemble), replaced=[old[p] for p in sorted(failed)
+                                   new=list(ensemble), replaced=[old[p] for p in failed
                                                                  if p not in keep])
                 if keep:
                     self._log.info("failed bookies healthy again, writing to them",
                                    bookies=[old[p] for p in keep])
-                for pos in failed:
-                    self._failed_positions.pop(pos, None)
-                    self._degraded.discard(pos)
                 back.clear()
-                self._resend_after_change(set(failed))
+                self._apply(writes.ensemble_changed(ensemble, failed))
         except BKError as exc:
             self._log.warning("ensemble change failed", error=str(exc))
             self._fail(exc)
@@ -724,10 +347,11 @@ class LedgerHandle(ReadHandle):
             raise
         finally:
             self._change_task = None
+            effects = writes.change_ended()
         if self._error is None:
-            self._complete_head()
+            self._apply(effects)
 
-    async def _no_replacement(self, failed: dict[int, BKError], ensemble: list[BookieId],
+    async def _no_replacement(self, failed: list[int], ensemble: list[BookieId],
                               writable: list[BookieId], quarantined: set[BookieId],
                               back: set[BookieId]) -> bool:
         """No spare for the failed positions.  Returns False to write on without them
@@ -735,28 +359,28 @@ class LedgerHandle(ReadHandle):
         quarantined bookie answered as healthy, or appends wait for one), and raises
         NotEnoughBookiesError once no append has completed for
         ``ensemble_change_timeout_s``."""
-        cfg = self._bk.config
+        cfg = self._ctx.config
         spares = set(writable) - set(ensemble)
         # Bookies that failed recently may be healthy again (a pause that ended, a
         # network blip): ask them before doing without them.
-        if await self._bk.release_healthy(spares & quarantined):
+        if await self._ctx.release_healthy(spares & quarantined):
             return True
-        if self._ack_quorum_survives(set(failed)):
-            if set(failed) != self._degraded:
+        if self._writes.ack_quorum_survives(failed):
+            if set(failed) != self._writes.degraded:
                 self._log.warning("no spare bookie: writing on without the failed ones",
                                   failed=[ensemble[p] for p in sorted(failed)])
-            self._degraded = set(failed)
+            self._writes.degrade(failed)
             self._schedule_degraded_retry()
             return False
         # Too few healthy bookies for an ack quorum: appends wait (they cannot
         # complete).  With no spare at all, a failed bookie of the ensemble that is
         # healthy again (restarted, resumed) may take its own position back.
         own = {ensemble[p] for p in failed} & set(writable)
-        healthy = await self._bk.release_healthy(own)
+        healthy = await self._ctx.release_healthy(own)
         if healthy:
             back.update(healthy)
             return True
-        now_s = self._loop.time()
+        now_s = self._clock.monotonic_s()
         self._stalled_bookies.update(ensemble[p] for p in failed)
         if self._stalled_since_s is None:
             self._stalled_since_s = now_s
@@ -775,13 +399,6 @@ class LedgerHandle(ReadHandle):
                 + "; start more bookies or lower the ensemble size")
         return True
 
-    def _ack_quorum_survives(self, failed: set[int]) -> bool:
-        """Whether every write set keeps ``Qa`` positions outside ``failed``."""
-        md = self._metadata
-        spare = md.write_quorum - md.ack_quorum
-        return all(sum(p in failed for p in write_set(s, md.ensemble_size, md.write_quorum))
-                   <= spare for s in range(md.ensemble_size))
-
     def _schedule_degraded_retry(self) -> None:
         if self._degraded_retry is None:
             self._degraded_retry = self._loop.call_later(DEGRADED_RETRY_S, self._retry_degraded)
@@ -789,22 +406,9 @@ class LedgerHandle(ReadHandle):
     def _retry_degraded(self) -> None:
         """Try again to replace the bookies left out (a spare may have appeared)."""
         self._degraded_retry = None
-        if self._degraded and self._error is None and not self._closing_done() \
-                and self._change_task is None:
+        if self._writes.degraded and self._error is None and not self._closing_done() \
+                and self._writes.begin_change():
             self._change_task = self._loop.create_task(self._change_ensemble())
-
-    def _resend_after_change(self, replaced: set[int]) -> None:
-        md = self._metadata
-        for op in list(self._pending):
-            positions = write_set(op.entry_id, md.ensemble_size, md.write_quorum)
-            if not op.sent:
-                self._send(op, positions)
-                continue
-            again = [p for p in positions if p in replaced]
-            for p in again:
-                op.acks.unack(p)
-            if again:
-                self._send(op, again)
 
     async def _commit_ensemble(self, first: int, ensemble: Ensemble) -> LedgerMetadata:
         md = self._metadata
@@ -825,23 +429,23 @@ class LedgerHandle(ReadHandle):
                 return md  # our own earlier write landed
             fragments = _with_fragment(md.ensembles, first, ensemble, self.id)
             try:
-                return await self._bk.meta.update_ledger(md.replace(ensembles=fragments))
+                return await self._ctx.meta.update_ledger(md.replace(ensembles=fragments))
             except MetadataVersionError:
-                md = await self._bk.meta.read_ledger(self.id)
+                md = await self._ctx.meta.read_ledger(self.id)
 
     # ------------------------------------------------------------------ timers
 
     def _arm_quorum_timer(self) -> None:
         self._quorum_timer = self._loop.call_later(
-            max(0.05, self._bk.config.add_quorum_timeout_s / 4), self._check_quorum_timeout)
+            max(0.05, self._ctx.config.add_quorum_timeout_s / 4), self._check_quorum_timeout)
 
     def _check_quorum_timeout(self) -> None:
         self._quorum_timer = None
-        if not self._pending or self._error is not None:
+        if not self._ops or self._error is not None:
             return
-        head = self._pending[0]
-        limit_s = self._bk.config.add_quorum_timeout_s
-        if self._loop.time() - head.submitted_s >= limit_s:
+        head = self._ops[0]
+        limit_s = self._ctx.config.add_quorum_timeout_s
+        if self._clock.monotonic_s() - head.submitted_s >= limit_s:
             self._log.warning("add not acknowledged by an ack quorum in time",
                               entry_id=head.entry_id, limit_s=limit_s)
             self._fail(TimeoutError(
@@ -851,24 +455,23 @@ class LedgerHandle(ReadHandle):
         self._arm_quorum_timer()
 
     def _schedule_explicit_lac(self) -> None:
-        interval_s = self._bk.config.explicit_lac_interval_s
+        interval_s = self._ctx.config.explicit_lac_interval_s
         if interval_s and self._explicit_lac_handle is None and self._closing is None \
-                and not self._recovery:  # (see _send: a recovery publishes no LAC)
+                and not self._recovery:  # (a recovery publishes no LAC)
             self._explicit_lac_handle = self._loop.call_later(interval_s, self._send_explicit_lac)
 
     def _send_explicit_lac(self) -> None:
         """Idle writer: tell the bookies the LAC that no later add has piggybacked."""
         self._explicit_lac_handle = None
-        if self._error is not None or self._lac <= self._lac_sent:
+        lac = None if self._error is not None else self._writes.explicit_lac()
+        if lac is None:
             return
-        lac = self._lac
-        self._lac_sent = lac
         md = self._metadata
         try:
             for bookie in md.ensembles[-1][1]:
-                ch = self._bk.bookie_client.channel(bookie)
+                ch = self._ctx.bookie_client.channel(bookie)
                 ch.send(WriteLacRequest(ch.next_request_id(), md.ledger_id, self._master_key,
-                                        lac), _ignore, self._bk.config.add_timeout_s)
+                                        lac), _ignore, self._ctx.config.add_timeout_s)
         except BKError:
             pass  # the client was closed under an idle handle: nothing to tell anyone
 
@@ -907,8 +510,9 @@ class LedgerHandle(ReadHandle):
 
     async def _close(self) -> None:
         try:
-            if self._pending:
-                await asyncio.wait([op.future for op in list(self._pending)])
+            if self._ops:  # (not the futures: the application may have cancelled some)
+                self._drained = self._loop.create_future()
+                await self._drained
             if self._change_task is not None:
                 await asyncio.wait([self._change_task])
             if isinstance(self._error, (LedgerFencedError, LedgerClosedError)) or (
@@ -928,10 +532,10 @@ class LedgerHandle(ReadHandle):
                     raise LedgerFencedError(
                         f"ledger {self.id} is being recovered by another client")
                 try:
-                    md = await self._bk.meta.update_ledger(md.replace(
+                    md = await self._ctx.meta.update_ledger(md.replace(
                         state=LedgerState.CLOSED, last_entry_id=self._lac, length=self._length))
                 except MetadataVersionError:
-                    fresh = await self._bk.meta.read_ledger(self.id)
+                    fresh = await self._ctx.meta.read_ledger(self.id)
                     if self._recovery and not fresh.is_closed:
                         if fresh.ensembles != self._persisted_ensembles:
                             raise  # someone else changed the fragments: start over
@@ -944,16 +548,6 @@ class LedgerHandle(ReadHandle):
                            recovery=self._recovery)
         finally:
             self._cancel_timers()
-
-
-def _fragment_index(md: LedgerMetadata, entry_id: int) -> int:
-    index = 0
-    for i, (first, _) in enumerate(md.ensembles):
-        if first <= entry_id:
-            index = i
-        else:
-            break
-    return index
 
 
 def _with_fragment(fragments: tuple[Any, ...], first: int, ensemble: Ensemble,
@@ -972,17 +566,17 @@ def _with_fragment(fragments: tuple[Any, ...], first: int, ensemble: Ensemble,
 
 
 class _AddCallback:
-    __slots__ = ("bookie", "handle", "op", "position")
+    __slots__ = ("bookie", "entry_id", "handle", "position")
 
-    def __init__(self, handle: LedgerHandle, op: _PendingAdd, position: int,
+    def __init__(self, handle: LedgerHandle, entry_id: int, position: int,
                  bookie: BookieId) -> None:
         self.handle = handle
-        self.op = op
+        self.entry_id = entry_id
         self.position = position
         self.bookie = bookie
 
     def __call__(self, result: Any) -> None:
-        self.handle._on_add_response(self.op, self.position, self.bookie, result)
+        self.handle._on_add_response(self.entry_id, self.position, self.bookie, result)
 
 
 def _consume_error(task: asyncio.Future[None]) -> None:

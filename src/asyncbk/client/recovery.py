@@ -30,7 +30,6 @@ Steps (BookKeeper's ledger recovery protocol):
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from ..errors import (
     BKError,
@@ -39,26 +38,23 @@ from ..errors import (
     MetadataVersionError,
     UnauthorizedAccessError,
 )
-from ..log import get_logger
 from ..meta.model import LedgerMetadata, LedgerState
 from ..net.channel import expect_answer, next_answers
 from ..proto import ReadFlag, ReadRequest, ReadResponse, Response, Status
+from .context import ClientContext
 from .digest import DigestManager, master_key
 from .ledger import LedgerHandle
 from .quorum import write_set
 
-if TYPE_CHECKING:
-    from .client import BookKeeper
-
 
 class LedgerRecoveryOp:
-    def __init__(self, bk: BookKeeper, md: LedgerMetadata, password: bytes) -> None:
-        self._bk = bk
+    def __init__(self, ctx: ClientContext, md: LedgerMetadata, password: bytes) -> None:
+        self._ctx = ctx
         self._md = md
         self._password = password
         self._digest = DigestManager(md.ledger_id, md.digest, password)
         self._master_key = master_key(password)
-        self._log = get_logger(ledger_id=md.ledger_id)
+        self._log = ctx.logger(ledger_id=md.ledger_id)
 
     async def run(self) -> LedgerMetadata:
         md = await self._mark_in_recovery(self._md)
@@ -73,7 +69,7 @@ class LedgerRecoveryOp:
                 raise BookieUnavailableError(
                     f"ledger {md.ledger_id}: entry {lac}, before the last fragment, is missing")
             length = found[1]
-        writer = LedgerHandle(self._bk, md, self._password, recovery=True, lac=lac,
+        writer = LedgerHandle(self._ctx, md, self._password, recovery=True, lac=lac,
                               length=length)
         entry_id = lac + 1
         try:
@@ -84,7 +80,7 @@ class LedgerRecoveryOp:
                 if found is None:
                     break
                 body, total_length = found
-                if writer.pending_adds >= self._bk.config.pending_adds_max:
+                if writer.pending_adds >= self._ctx.config.pending_adds_max:
                     await writer.wait_for_capacity()
                 writer.append_recovered(entry_id, body, total_length)
                 entry_id += 1
@@ -100,9 +96,9 @@ class LedgerRecoveryOp:
     async def _mark_in_recovery(self, md: LedgerMetadata) -> LedgerMetadata:
         while md.state is LedgerState.OPEN:
             try:
-                md = await self._bk.meta.update_ledger(md.replace(state=LedgerState.IN_RECOVERY))
+                md = await self._ctx.meta.update_ledger(md.replace(state=LedgerState.IN_RECOVERY))
             except MetadataVersionError:
-                md = await self._bk.meta.read_ledger(md.ledger_id)
+                md = await self._ctx.meta.read_ledger(md.ledger_id)
         return md
 
     async def _fence_and_read_lac(self, md: LedgerMetadata) -> tuple[int, int]:
@@ -114,10 +110,10 @@ class LedgerRecoveryOp:
         needed = md.write_quorum - md.ack_quorum + 1
         write_sets = [write_set(s, md.ensemble_size, md.write_quorum)
                       for s in range(md.ensemble_size)]
-        timeout_s = self._bk.config.read_timeout_s
+        timeout_s = self._ctx.config.read_timeout_s
         inflight: dict[asyncio.Future[Response], int] = {}
         for pos, bookie in enumerate(ensemble):
-            ch = self._bk.bookie_client.channel(bookie)
+            ch = self._ctx.bookie_client.channel(bookie)
             inflight[ch.request(ReadRequest(ch.next_request_id(), md.ledger_id, -1,
                                             ReadFlag.FENCE, self._master_key), timeout_s)] = pos
         answered: set[int] = set()
@@ -175,10 +171,10 @@ class LedgerRecoveryOp:
         ensemble = md.ensemble_at(entry_id)
         positions = write_set(entry_id, md.ensemble_size, md.write_quorum)
         needed_missing = md.write_quorum - md.ack_quorum + 1
-        timeout_s = self._bk.config.read_timeout_s
+        timeout_s = self._ctx.config.read_timeout_s
         inflight: dict[asyncio.Future[Response], int] = {}
         for pos in positions:
-            ch = self._bk.bookie_client.channel(ensemble[pos])
+            ch = self._ctx.bookie_client.channel(ensemble[pos])
             # Recovery reads fence too: a bookie that missed the fence (it was down)
             # must not accept the old writer's adds once it answers us.
             inflight[ch.request(ReadRequest(ch.next_request_id(), md.ledger_id, entry_id,

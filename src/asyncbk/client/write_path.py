@@ -1,0 +1,290 @@
+"""The write path's quorum, completion and survival logic, without I/O.
+
+:class:`WritePath` is the state of one writer's pending appends.  The ledger
+handle feeds it events (an entry submitted, a bookie's acknowledgement or
+failure, an ensemble change committed) and it answers with :class:`Effects`:
+what to send to which ensemble position, which entries are now complete, and
+whether an ensemble change must start.  The handle does the I/O (channels,
+futures, metadata); this module has no asyncio, clock or sockets, so
+hypothesis drives it through random interleavings (tests/unit/test_write_path.py).
+
+The rules (BookKeeper's ``PendingAddOp`` and ``DistributionSchedule``):
+
+* Entry ``e`` goes to its write set: the ``Qw`` consecutive ensemble positions
+  from ``e mod E`` (:func:`~asyncbk.client.quorum.write_set`).
+* An entry is complete once ``Qa`` positions of its write set acknowledged
+  it, and entries complete in id order: each completion makes it the LAC.
+  Sends piggyback the LAC (a recovery's writer piggybacks -1: readers must not
+  learn of entries past an end a concurrent recovery may choose).
+* An answer from a bookie no longer at its position (replaced since) is stale
+  and ignored.
+* A failed position (an error, a timeout, READ_ONLY, NOT_READY) asks for an
+  ensemble change.  While a change is in progress nothing completes and new
+  entries are held back: an entry that reached its ack quorum with the help of
+  a bookie being replaced is no longer complete once that position belongs to
+  another bookie.
+* When the change commits, every pending entry's acknowledgement from a
+  renewed position is withdrawn and the entry re-sent to the position's new
+  bookie (survival); entries held back go to their whole write set.
+* With no replacement to be had, the handle may write on without the failed
+  positions (degraded) while every write set keeps ``Qa`` other positions:
+  sends skip them and their failures are ignored until they are renewed.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from ..errors import invariant
+from ..types import BookieId
+from .quorum import AckSet, stores_entry, write_set
+
+
+@dataclass(frozen=True, slots=True)
+class Effects:
+    """What the handle must do after one event."""
+
+    sends: tuple[tuple[int, int], ...] = ()
+    """(entry id, ensemble position) pairs to send now, in this order."""
+    lac: int = -1
+    """The LAC to piggyback on those sends."""
+    completed: tuple[int, ...] = ()
+    """Entries now complete, in id order (the last is the new LAC)."""
+    newly_failed: tuple[int, ...] = ()
+    """Positions that just failed (to quarantine their bookie and log)."""
+    start_change: bool = False
+    """Start an ensemble change (none was in progress)."""
+
+
+NOTHING = Effects()
+
+
+class _Entry:
+    __slots__ = ("acks", "entry_id", "sent")
+
+    def __init__(self, entry_id: int, acks: AckSet) -> None:
+        self.entry_id = entry_id
+        self.acks = acks
+        self.sent = False
+
+
+class WritePath:
+    """Pending appends of one writer: acknowledgements, completion, ensemble changes.
+
+    ``ensemble`` is the current (last) fragment's; ``lac`` the last entry already
+    complete (entries continue from ``lac + 1``); ``publish_lac`` False for a
+    recovery's writer (it piggybacks -1).
+    """
+
+    def __init__(self, ensemble: Sequence[BookieId], write_quorum: int, ack_quorum: int, *,
+                 lac: int = -1, publish_lac: bool = True) -> None:
+        invariant(len(ensemble) >= write_quorum >= ack_quorum >= 1,
+                  f"bad quorums: E={len(ensemble)} Qw={write_quorum} Qa={ack_quorum}")
+        self.ensemble: tuple[BookieId, ...] = tuple(ensemble)
+        self.write_quorum = write_quorum
+        self.ack_quorum = ack_quorum
+        self.lac = lac
+        """The last complete entry (all before it complete too)."""
+        self.next_entry_id = lac + 1
+        self.lac_sent = lac
+        """The highest LAC told to the bookies (piggybacked or explicit)."""
+        self.failed_positions: set[int] = set()
+        """Positions that failed and wait for an ensemble change (or are degraded)."""
+        self.degraded: set[int] = set()
+        """Failed positions left unreplaced (no spare): sends skip them."""
+        self.changing = False
+        """An ensemble change is in progress: nothing completes, new entries wait."""
+        self.halted = False
+        """The handle failed (``fail_all``): every later event is ignored."""
+        self._publish_lac = publish_lac
+        self._pending: collections.deque[_Entry] = collections.deque()
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def ensemble_size(self) -> int:
+        return len(self.ensemble)
+
+    @property
+    def pending(self) -> int:
+        """Entries submitted and not complete."""
+        return len(self._pending)
+
+    @property
+    def head(self) -> int | None:
+        """The oldest pending entry (the next to complete), if any."""
+        return self._pending[0].entry_id if self._pending else None
+
+    def write_set(self, entry_id: int) -> list[int]:
+        return write_set(entry_id, len(self.ensemble), self.write_quorum)
+
+    def is_current(self, position: int, bookie: BookieId) -> bool:
+        """Whether ``bookie`` still holds ``position`` (else its answers are stale)."""
+        return self.ensemble[position] == bookie
+
+    def is_pending(self, entry_id: int) -> bool:
+        return not self.halted and self.lac < entry_id < self.next_entry_id
+
+    def ack_quorum_survives(self, positions: Collection[int]) -> bool:
+        """Whether every write set keeps ``Qa`` positions outside ``positions``."""
+        spare = self.write_quorum - self.ack_quorum
+        return all(sum(p in positions for p in self.write_set(s)) <= spare
+                   for s in range(len(self.ensemble)))
+
+    # ------------------------------------------------------------------ events
+
+    def submit(self, entry_id: int) -> Effects:
+        """A new entry (the next id): send it to its write set, unless a change is
+        in progress."""
+        if self.halted or entry_id != self.next_entry_id:  # (formatted only on failure)
+            invariant(False, f"submitted entry {entry_id}, expected {self.next_entry_id}"
+                      f"{' (halted)' if self.halted else ''}")
+        self.next_entry_id += 1
+        entry = _Entry(entry_id, AckSet(self.write_quorum, self.ack_quorum))
+        self._pending.append(entry)
+        if self.changing:
+            return NOTHING
+        entry.sent = True
+        return self._with_lac([(entry_id, p) for p in self.write_set(entry_id)
+                               if p not in self.degraded])
+
+    def ack(self, entry_id: int, position: int, bookie: BookieId) -> Effects:
+        """``bookie`` at ``position`` made ``entry_id`` durable."""
+        if self.halted or not self.is_current(position, bookie):
+            return NOTHING
+        entry = self._entry(entry_id)
+        if entry is None:
+            return NOTHING  # complete already: a late acknowledgement
+        if not stores_entry(position, entry_id, len(self.ensemble), self.write_quorum):
+            invariant(False, f"ack of entry {entry_id} from position {position}, "
+                      "not in its write set")
+        entry.acks.ack(position)
+        if self.changing or entry is not self._pending[0]:
+            return NOTHING
+        return Effects(completed=self._complete())
+
+    def failed(self, position: int, bookie: BookieId) -> Effects:
+        """``bookie`` at ``position`` failed an add: it must be replaced."""
+        if self.halted or not self.is_current(position, bookie) or position in self.degraded:
+            return NOTHING
+        newly = position not in self.failed_positions
+        self.failed_positions.add(position)
+        start = not self.changing
+        self.changing = True
+        if not newly and not start:
+            return NOTHING
+        return Effects(newly_failed=(position,) if newly else (), start_change=start)
+
+    def begin_change(self) -> bool:
+        """Start a change with no new failure (retrying degraded positions); False if
+        one is in progress already or the path halted."""
+        if self.changing or self.halted:
+            return False
+        self.changing = True
+        return True
+
+    def ensemble_changed(self, ensemble: Sequence[BookieId], renewed: Collection[int]) -> Effects:
+        """The new ensemble is committed: the ``renewed`` positions (all failed) have a
+        new bookie, or their own back.  Their acknowledgements are withdrawn and the
+        entries re-sent there; entries held back are sent to their whole write set."""
+        invariant(self.changing, "ensemble change committed while none is in progress")
+        invariant(len(ensemble) == len(self.ensemble), "ensemble size changed")
+        invariant(set(renewed) <= self.failed_positions,
+                  f"renewed positions {sorted(renewed)} not all failed "
+                  f"({sorted(self.failed_positions)})")
+        invariant(all(ensemble[p] == b for p, b in enumerate(self.ensemble) if p not in renewed),
+                  "the new ensemble differs at a position not renewed")
+        if self.halted:
+            return NOTHING
+        self.failed_positions.difference_update(renewed)
+        self.degraded.difference_update(renewed)
+        self.ensemble = tuple(ensemble)
+        sends: list[tuple[int, int]] = []
+        for entry in self._pending:
+            positions = self.write_set(entry.entry_id)
+            if not entry.sent:
+                entry.sent = True
+                sends.extend((entry.entry_id, p) for p in positions if p not in self.degraded)
+                continue
+            for p in positions:
+                if p in renewed:
+                    entry.acks.unack(p)
+                    sends.append((entry.entry_id, p))
+        return self._with_lac(sends)
+
+    def degrade(self, positions: Collection[int]) -> None:
+        """Write on without the failed ``positions`` (no spare bookie for them)."""
+        invariant(self.changing, "degrade outside an ensemble change")
+        invariant(set(positions) <= self.failed_positions,
+                  "degrading a position that has not failed")
+        invariant(self.ack_quorum_survives(positions),
+                  f"positions {sorted(positions)} leave a write set short of its ack quorum")
+        self.degraded = set(positions)
+
+    def change_ended(self) -> Effects:
+        """The ensemble change is over (renewed, or degraded): send what was held back,
+        complete what can be."""
+        self.changing = False
+        if self.halted:
+            return NOTHING
+        sends: list[tuple[int, int]] = []
+        for entry in self._pending:
+            if not entry.sent:
+                entry.sent = True
+                sends.extend((entry.entry_id, p) for p in self.write_set(entry.entry_id)
+                             if p not in self.degraded)
+        completed = self._complete()
+        if not sends:
+            return Effects(completed=completed) if completed else NOTHING
+        return Effects(sends=tuple(sends), lac=self._piggyback_lac(), completed=completed)
+
+    def fail_all(self) -> tuple[int, ...]:
+        """The handle failed: the entries still pending (each fails); later events are
+        ignored."""
+        self.halted = True
+        out = tuple(e.entry_id for e in self._pending)
+        self._pending.clear()
+        return out
+
+    def explicit_lac(self) -> int | None:
+        """The LAC to tell the bookies explicitly (an idle writer), if they do not
+        know it yet."""
+        if self.halted or self.lac <= self.lac_sent:
+            return None
+        self.lac_sent = self.lac
+        return self.lac
+
+    # ------------------------------------------------------------------ internals
+
+    def _entry(self, entry_id: int) -> _Entry | None:
+        if not self._pending:
+            return None
+        index = entry_id - self._pending[0].entry_id
+        if not 0 <= index < len(self._pending):
+            return None
+        return self._pending[index]
+
+    def _complete(self) -> tuple[int, ...]:
+        pending = self._pending
+        if not pending or not pending[0].acks.complete:
+            return ()
+        out = []
+        while pending and pending[0].acks.complete:
+            entry = pending.popleft()
+            if entry.entry_id != self.lac + 1:
+                invariant(False, f"completing entry {entry.entry_id} after LAC {self.lac}")
+            self.lac = entry.entry_id
+            out.append(entry.entry_id)
+        return tuple(out)
+
+    def _piggyback_lac(self) -> int:
+        lac = self.lac if self._publish_lac else -1
+        self.lac_sent = max(self.lac_sent, lac)
+        return lac
+
+    def _with_lac(self, sends: list[tuple[int, int]]) -> Effects:
+        if not sends:
+            return NOTHING
+        return Effects(sends=tuple(sends), lac=self._piggyback_lac())
