@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from asyncbk.bookie import journal as journal_mod
+from asyncbk.bookie import fileio as fileio_mod
 from asyncbk.bookie.journal import Journal, list_journal_files
 from asyncbk.bookie.journal_format import AddRecord, Record, decode_records, encode_add
 from asyncbk.config import BookieConfig
@@ -39,7 +39,7 @@ def read_journal(directory: Path) -> list[Record]:
 
 
 class BlockingSync:
-    """Replaces journal.fdatasync: the first ``block`` calls wait for ``release``."""
+    """Replaces fileio.fdatasync: the first ``block`` calls wait for ``release``."""
 
     def __init__(self, block: int = 1, fail: bool = False) -> None:
         self.entered = threading.Event()
@@ -129,14 +129,14 @@ async def test_futures_pending_until_fsync_and_next_batch_groups(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sync = BlockingSync()
     writes: list[int] = []
-    real_write_all = journal_mod.write_all
+    real_write_all = fileio_mod.write_all
 
     def counting_write_all(fd: int, data: Any) -> None:
         writes.append(len(data))
         real_write_all(fd, data)
 
-    monkeypatch.setattr(journal_mod, "fdatasync", sync)
-    monkeypatch.setattr(journal_mod, "write_all", counting_write_all)
+    monkeypatch.setattr(fileio_mod, "fdatasync", sync)
+    monkeypatch.setattr(fileio_mod, "write_all", counting_write_all)
     j = await started(tmp_path)
     first = j.append(rec(0))
     await sync.wait_entered()
@@ -156,7 +156,7 @@ async def test_futures_pending_until_fsync_and_next_batch_groups(
 async def test_fsync_failure_fails_batch_and_later_appends(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sync = BlockingSync(fail=True)
-    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    monkeypatch.setattr(fileio_mod, "fdatasync", sync)
     j = await started(tmp_path)
     first = j.append(rec(0))
     await sync.wait_entered()
@@ -179,7 +179,7 @@ async def test_write_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         raise OSError(errno.ENOSPC, "disk full")
 
     j = await started(tmp_path)
-    monkeypatch.setattr(journal_mod, "write_all", broken)
+    monkeypatch.setattr(fileio_mod, "write_all", broken)
     with pytest.raises(BookieIOError):
         await j.append(rec(0))
     with pytest.raises(BookieIOError):
@@ -190,7 +190,7 @@ async def test_write_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 async def test_queue_bound_and_wait_for_space(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sync = BlockingSync()
-    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    monkeypatch.setattr(fileio_mod, "fdatasync", sync)
     j = await started(tmp_path, journal_queue_entries_max=8)
     futs = [j.append(rec(0))]
     await sync.wait_entered()
@@ -212,7 +212,7 @@ async def test_queue_bound_and_wait_for_space(
 async def test_wait_for_space_cancellation_leaves_no_waiter(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sync = BlockingSync()
-    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    monkeypatch.setattr(fileio_mod, "fdatasync", sync)
     j = await started(tmp_path, journal_queue_entries_max=4)
     futs = [j.append(rec(i)) for i in range(4)]
     await sync.wait_entered()
@@ -252,7 +252,7 @@ async def test_close_drains_then_refuses(tmp_path: Path) -> None:
 
 async def test_stop_now_fails_pending(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sync = BlockingSync()
-    monkeypatch.setattr(journal_mod, "fdatasync", sync)
+    monkeypatch.setattr(fileio_mod, "fdatasync", sync)
     j = await started(tmp_path)
     first = j.append(rec(0))
     await sync.wait_entered()
@@ -270,7 +270,7 @@ async def test_stop_now_fails_pending(tmp_path: Path, monkeypatch: pytest.Monkey
 
 async def test_no_sync_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(journal_mod, "fdatasync", calls.append)
+    monkeypatch.setattr(fileio_mod, "fdatasync", calls.append)
     j = await started(tmp_path, journal_sync=False)
     await asyncio.gather(*[j.append(rec(i)) for i in range(10)])
     assert calls == []

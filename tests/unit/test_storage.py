@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncbk.bookie import journal as journal_mod
+from asyncbk.bookie import fileio as fileio_mod
 from asyncbk.bookie.journal import list_journal_files
 from asyncbk.bookie.journal_format import encode_add
 from asyncbk.bookie.storage import ENTRYLOG_DIR, LedgerStorage, read_checkpoint
@@ -451,13 +451,13 @@ async def test_queue_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     s = await open_storage(tmp_path, journal_queue_entries_max=4)
     release = asyncio.Event()
     loop = asyncio.get_running_loop()
-    real = journal_mod.fdatasync
+    real = fileio_mod.fdatasync
 
     def slow(fd: int) -> None:
         asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
         real(fd)
 
-    monkeypatch.setattr(journal_mod, "fdatasync", slow)
+    monkeypatch.setattr(fileio_mod, "fdatasync", slow)
     try:
         futs = [s.add_entry(1, 0, KEY, b"a")]  # LEDGER_KEY + ADD
         futs += [s.add_entry(1, e, KEY, b"a") for e in (1, 2)]
@@ -488,7 +488,7 @@ async def test_journal_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     def broken(fd: int) -> None:
         raise OSError(errno.EIO, "simulated")
 
-    monkeypatch.setattr(journal_mod, "fdatasync", broken)
+    monkeypatch.setattr(fileio_mod, "fdatasync", broken)
     with pytest.raises(BookieIOError):
         await s.add_entry(1, 5, KEY, b"lost")
     with pytest.raises(BookieIOError):
@@ -721,7 +721,7 @@ async def test_checkpoint_fsyncs_do_not_stall_adds(tmp_path: Path,
 
     release = threading.Event()
     stuck = threading.Event()
-    real = journal_mod.fdatasync
+    real = fileio_mod.fdatasync
 
     def fdatasync(fd: int) -> None:
         target = os.readlink(f"/proc/self/fd/{fd}")
@@ -733,7 +733,7 @@ async def test_checkpoint_fsyncs_do_not_stall_adds(tmp_path: Path,
     s = await open_storage(tmp_path, entry_log_bytes_max=4000)
     try:
         await add_all(s, 1, range(100))  # several rotations: finished logs wait for the checkpoint
-        monkeypatch.setattr(journal_mod, "fdatasync", fdatasync)
+        monkeypatch.setattr(fileio_mod, "fdatasync", fdatasync)
         checkpoint = asyncio.create_task(s.checkpoint())
         await asyncio.to_thread(stuck.wait, 10)
         assert stuck.is_set() and not checkpoint.done()
@@ -742,7 +742,7 @@ async def test_checkpoint_fsyncs_do_not_stall_adds(tmp_path: Path,
         assert not checkpoint.done()
         release.set()
         await checkpoint
-        monkeypatch.setattr(journal_mod, "fdatasync", real)
+        monkeypatch.setattr(fileio_mod, "fdatasync", real)
         await add_all(s, 1, range(200, 220))
         await s.abort()  # crash: the checkpoint and the journal give back everything
         s = await open_storage(tmp_path, entry_log_bytes_max=4000)

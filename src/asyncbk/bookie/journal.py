@@ -11,8 +11,9 @@ Threads and ownership
 ---------------------
 * The event loop owns the queue, the futures and the statistics.  A single
   writer task takes a batch off the queue and hands it to the writer thread.
-* One dedicated thread (a single-worker ``ThreadPoolExecutor`` owned by the
-  journal) does every blocking file operation: one ``os.write`` of the whole
+* One dedicated thread (a single-thread :class:`~.fileio.Worker` owned by the
+  journal, from the ``offload`` seam) does every blocking file operation, on
+  the ``io`` seam (:mod:`.fileio`): one write of the whole
   batch joined into one buffer, one ``fdatasync``, file rotation, and the
   :class:`BatchSink` hook (the ledger storage appends the batch's entries to
   its entry log there, so entry data costs no extra thread hop).  File
@@ -55,10 +56,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -67,11 +66,10 @@ from ..config import BookieConfig
 from ..errors import BookieIOError, TooManyRequestsError
 from ..log import get_logger
 from ..stats import LatencyHistogram
+from .fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload
 from .journal_format import journal_file_name, parse_journal_file_name
 
 T = TypeVar("T")
-
-_FDATASYNC: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 
 FLUSH_REASONS = ("bytes", "entries", "wait_time", "queue_empty", "close")
 
@@ -81,66 +79,39 @@ BATCH_RECORDS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 """Upper bounds of the fsync latency histogram buckets (plus one overflow bucket)."""
 
 
-def fdatasync(fd: int) -> None:
-    """Flush a file's data (and the metadata needed to read it) to stable storage.
-
-    A module-level function, looked up at each call, so tests can replace it
-    (``monkeypatch.setattr(journal, "fdatasync", ...)``) to simulate slow or
-    failing disks.
-    """
-    _FDATASYNC(fd)
-
-
 DELETE_STEP_BYTES = 16 * 1024 * 1024
 """Journal files are truncated this much at a time before they are unlinked."""
 
 
-def shrink_then_unlink(path: Path, step: int = DELETE_STEP_BYTES, pause_s: float = 0.002) -> None:
+def shrink_then_unlink(io: FileIO, path: Path, step: int = DELETE_STEP_BYTES,
+                       pause_s: float = 0.002) -> None:
     """Unlink a large file without one long filesystem stall: freeing 256 MB at once
     held up concurrent fdatasyncs of the journal on the same disk by tens of ms."""
     try:
-        fd = os.open(path, os.O_WRONLY)
+        fd = io.open_append(path) if io.file_size(path) > step else -1
     except FileNotFoundError:
         return
-    try:
-        size = os.fstat(fd).st_size
-        while size > step:
-            size -= step
-            os.ftruncate(fd, size)
-            # A worker thread (never the loop) letting the real disk breathe: not
-            # behaviour in time, so not the injected clock.
-            time.sleep(pause_s)
-    finally:
-        os.close(fd)
-    path.unlink(missing_ok=True)
+    if fd >= 0:
+        try:
+            size = io.size(fd)
+            while size > step:
+                size -= step
+                io.truncate(fd, size)
+                # A worker thread (never the loop) letting the real disk breathe: not
+                # behaviour in time, so not the injected clock.
+                time.sleep(pause_s)
+        finally:
+            io.close(fd)
+    io.unlink(path, missing_ok=True)
 
 
-def fsync_dir(path: Path) -> None:
-    """fsync a directory, making file creations, renames and removals in it durable."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    """``os.write`` until everything is written (a regular-file write may be short)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(f"os.write wrote {n} bytes")
-        view = view[n:]
-
-
-def list_journal_files(directory: Path) -> list[tuple[int, Path]]:
+def list_journal_files(directory: Path, io: FileIO = OS_FILE_IO) -> list[tuple[int, Path]]:
     """``(seq, path)`` of every journal file in ``directory``, by seq."""
     out: list[tuple[int, Path]] = []
-    for entry in os.scandir(directory):
-        seq = parse_journal_file_name(entry.name)
+    for name, _size in io.list_dir(directory):
+        seq = parse_journal_file_name(name)
         if seq is not None:
-            out.append((seq, Path(entry.path)))
+            out.append((seq, Path(directory) / name))
     out.sort()
     return out
 
@@ -186,8 +157,11 @@ class Journal:
         first_seq: int,
         sink: BatchSink | None = None,
         log: Any = None,
+        io: FileIO = OS_FILE_IO,
+        offload: Offload = THREAD_OFFLOAD,
     ) -> None:
         self.directory = Path(directory)
+        self.io = io
         self._log = log if log is not None else get_logger(component="journal")
         self._sink = sink
         self._first_seq = first_seq
@@ -199,7 +173,7 @@ class Journal:
         self._low_water = max(1, (3 * self._queue_max) // 4)
         self._file_bytes_max = config.journal_file_bytes_max
         self._sync = config.journal_sync
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncbk-journal")
+        self._worker = offload.worker("asyncbk-journal", 1)
 
         # writer-thread state (touched only on the executor thread)
         self._fd = -1
@@ -242,7 +216,7 @@ class Journal:
     async def start(self) -> None:
         """Create the first journal file (``first_seq``) and start the writer task."""
         self._loop = asyncio.get_running_loop()
-        await self._loop.run_in_executor(self._executor, self._open_file, self._first_seq)
+        await self._worker.run(self._open_file, self._first_seq)
         self._writer_task = self._loop.create_task(self._run(), name="asyncbk-journal-writer")
 
     async def drain(self) -> None:
@@ -265,7 +239,7 @@ class Journal:
             await asyncio.wait([task])
         if self._loop is not None and not self._closed:
             # FIFO executor: once this no-op ran, any in-flight batch is finished.
-            await self._loop.run_in_executor(self._executor, _noop)
+            await self._worker.run(_noop)
         self._fail_all(self._failed)
 
     async def close(self) -> None:
@@ -276,12 +250,10 @@ class Journal:
         self._closed = True
         try:
             if self._loop is not None:
-                await self._loop.run_in_executor(self._executor, self._close_file)
+                await self._worker.run(self._close_file)
         finally:
             self._fail_all(BookieIOError("journal closed"))
-            # The executor is idle now; joining its thread is quick but still a
-            # blocking call, so it is done off the loop.
-            await asyncio.to_thread(self._executor.shutdown, True)
+            await self._worker.shutdown()
 
     # --- appending ------------------------------------------------------
 
@@ -376,7 +348,7 @@ class Journal:
         """Run ``fn(*args)`` on the writer thread, after every batch handed to it so far."""
         if self._closed or self._loop is None:
             raise BookieIOError("journal is closed")
-        return await self._loop.run_in_executor(self._executor, fn, *args)
+        return await self._worker.run(fn, *args)
 
     # --- writer task ----------------------------------------------------
 
@@ -453,7 +425,7 @@ class Journal:
         self._inflight = futs
         wait_s = loop.time() - oldest
         try:
-            result = await loop.run_in_executor(self._executor, self._write_batch, records, items)
+            result = await self._worker.run(self._write_batch, records, items)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -524,11 +496,11 @@ class Journal:
 
     def _open_file(self, seq: int) -> None:
         path = self.directory / journal_file_name(seq)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = self.io.create(path, exclusive=True)
         try:
-            fsync_dir(self.directory)
+            self.io.fsync_dir(self.directory)
         except BaseException:
-            os.close(fd)
+            self.io.close(fd)
             raise
         self._fd, self._seq, self._offset = fd, seq, 0
         self._files_created += 1
@@ -536,7 +508,7 @@ class Journal:
     def _close_file(self) -> None:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
-            os.close(fd)
+            self.io.close(fd)
 
     def _write_batch(self, records: list[bytes], items: list[Any]) -> _BatchResult:
         if self._thread_failed:
@@ -549,10 +521,10 @@ class Journal:
             buf = records[0] if len(records) == 1 else b"".join(records)
             # performance timers: only reported (write and fsync latency statistics)
             t0 = time.perf_counter()
-            write_all(self._fd, buf)
+            self.io.write(self._fd, buf)
             t1 = time.perf_counter()
             if self._sync:
-                fdatasync(self._fd)
+                self.io.fdatasync(self._fd)
             t2 = time.perf_counter()
             self._offset += len(buf)
             sink_result = self._sink.apply_in_writer(records, items) if self._sink else None
@@ -576,12 +548,12 @@ class Journal:
         writer thread, which only creates files with a higher seq.  Blocks (call it off
         the event loop and off the writer thread)."""
         removed = 0
-        for file_seq, path in list_journal_files(self.directory):
+        for file_seq, path in list_journal_files(self.directory, self.io):
             if file_seq < seq:
-                shrink_then_unlink(path)
+                shrink_then_unlink(self.io, path)
                 removed += 1
         if removed:
-            fsync_dir(self.directory)
+            self.io.fsync_dir(self.directory)
         return removed
 
     # --- statistics -----------------------------------------------------

@@ -10,7 +10,6 @@ logs and index and writes the checkpoint.
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +19,7 @@ import msgpack
 import xxhash
 
 from ...errors import BookieIOError
-from .. import journal as _journal
-from ..journal import fsync_dir, write_all
+from ..fileio import OS_FILE_IO, FileIO
 from ..journal_format import TYPE_DELETE_LEDGER, TYPE_EXPLICIT_LAC, TYPE_FENCE, TYPE_LEDGER_KEY
 from .entrylog import ENTRYLOG_DIR, _EntryLogWriter, _sync_and_close
 
@@ -92,11 +90,11 @@ def _apply_op(durable: _DurableState, kind: int, ledger_id: int, value: Any) -> 
 # --- checkpoint file ----------------------------------------------------------
 
 
-def read_checkpoint(ledger_dir: Path) -> dict[str, Any] | None:
+def read_checkpoint(ledger_dir: Path, io: FileIO = OS_FILE_IO) -> dict[str, Any] | None:
     """The checkpoint payload, None if there is none; BookieIOError if corrupt."""
     path = Path(ledger_dir) / CHECKPOINT_FILE
     try:
-        blob = path.read_bytes()
+        blob = io.read_file(path)
     except FileNotFoundError:
         return None
     if len(blob) < _CHECKSUM.size:
@@ -134,18 +132,19 @@ def _checkpoint_well_formed(payload: dict[str, Any]) -> bool:
                 for x in tombstones))
 
 
-def _write_checkpoint(ledger_dir: Path, payload: dict[str, Any]) -> None:
+def _write_checkpoint(ledger_dir: Path, payload: dict[str, Any],
+                      io: FileIO = OS_FILE_IO) -> None:
     data = msgpack.packb(payload, use_bin_type=True)
     blob = _CHECKSUM.pack(xxhash.xxh3_64_intdigest(data)) + data
     tmp = ledger_dir / (CHECKPOINT_FILE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = io.create(tmp, exclusive=False)
     try:
-        write_all(fd, blob)
-        _journal.fdatasync(fd)
+        io.write(fd, blob)
+        io.fdatasync(fd)
     finally:
-        os.close(fd)
-    os.replace(tmp, ledger_dir / CHECKPOINT_FILE)
-    fsync_dir(ledger_dir)
+        io.close(fd)
+    io.replace(tmp, ledger_dir / CHECKPOINT_FILE)
+    io.fsync_dir(ledger_dir)
 
 
 def _capture(position: tuple[int, int], writer: _EntryLogWriter, durable: _DurableState,
@@ -182,8 +181,8 @@ def _capture(position: tuple[int, int], writer: _EntryLogWriter, durable: _Durab
     return _CheckpointWork(key, payload, writer.take_for_sync())
 
 
-def _make_durable(work: _CheckpointWork, ledger_dir: Path) -> None:
+def _make_durable(io: FileIO, work: _CheckpointWork, ledger_dir: Path) -> None:
     """A worker thread: make the captured state durable, then write the mark."""
-    _sync_and_close(work.fds)
-    fsync_dir(ledger_dir / ENTRYLOG_DIR)  # entry logs created since the last one
-    _write_checkpoint(ledger_dir, work.payload)
+    _sync_and_close(io, work.fds)
+    io.fsync_dir(ledger_dir / ENTRYLOG_DIR)  # entry logs created since the last one
+    _write_checkpoint(ledger_dir, work.payload, io)

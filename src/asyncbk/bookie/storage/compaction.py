@@ -9,15 +9,13 @@ checkpoint makes the copies durable before the old logs go.
 
 from __future__ import annotations
 
-import asyncio
-import os
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ...clock import Clock, RateLimiter
 from ...errors import BadRequestError, BookieIOError
+from ..fileio import FileIO, Worker
 from ..journal import Journal
 from ..journal_format import TYPE_ADD, AddRecord, scan_records
 from .entrylog import (
@@ -43,9 +41,10 @@ class EntryLogCompactor:
     """
 
     def __init__(self, *, entrylog_dir: Path, index: EntryIndex, writer: _EntryLogWriter,
-                 reader: _EntryLogReader, journal: Journal, read_pool: ThreadPoolExecutor,
+                 reader: _EntryLogReader, journal: Journal, read_pool: Worker,
                  live: dict[int, int], checkpoint: Callable[[], Awaitable[None]],
-                 clock: Clock, log: Any) -> None:
+                 clock: Clock, log: Any, io: FileIO) -> None:
+        self._io = io
         self._entrylog_dir = entrylog_dir
         self._index = index
         self._writer = writer
@@ -65,8 +64,7 @@ class EntryLogCompactor:
         """``{log id: (live bytes, file bytes)}`` of every finished entry log (not the
         one being written).  The directory is listed off the event loop."""
         current = self._writer.log_id
-        sizes = await asyncio.get_running_loop().run_in_executor(
-            self._read_pool, _entry_log_sizes, self._entrylog_dir)
+        sizes = await self._read_pool.run(_entry_log_sizes, self._io, self._entrylog_dir)
         live = self._live
         return {log_id: (max(0, live.get(log_id, 0)), size)
                 for log_id, size in sizes.items() if log_id < current}
@@ -79,13 +77,12 @@ class EntryLogCompactor:
         for log_id in log_ids:
             if log_id >= current:
                 raise BadRequestError(f"entry log {log_id} is still being written")
-        loop = asyncio.get_running_loop()
         sizes: dict[int, int] = {}
         moved = 0
         pacer = RateLimiter(rate_bytes_per_s, burst=COMPACTION_CHUNK_BYTES, clock=self._clock)
         for log_id in log_ids:
             path = self._entrylog_dir / entry_log_name(log_id)
-            sizes[log_id] = (await loop.run_in_executor(self._read_pool, os.stat, path)).st_size
+            sizes[log_id] = await self._read_pool.run(self._io.file_size, path)
             moved += await self._move_live_entries(log_id, path, sizes[log_id], pacer)
         if not log_ids:
             return 0
@@ -93,8 +90,8 @@ class EntryLogCompactor:
         await self._clock.sleep(COMPACTION_READ_GRACE_S)  # reads that looked the old place up
         for log_id in log_ids:
             path = self._entrylog_dir / entry_log_name(log_id)
-            await loop.run_in_executor(self._read_pool, self._reader.forget, log_id)
-            await loop.run_in_executor(self._read_pool, _unlink_quietly, path)
+            await self._read_pool.run(self._reader.forget, log_id)
+            await self._read_pool.run(_unlink_quietly, self._io, path)
             self._live.pop(log_id, None)
         total = sum(sizes.values())
         self.compactions += len(log_ids)
@@ -106,12 +103,11 @@ class EntryLogCompactor:
 
     async def _move_live_entries(self, log_id: int, path: Path, size: int,
                                  pacer: RateLimiter) -> int:
-        loop = asyncio.get_running_loop()
         offset = 0
         moved = 0
         while offset < size:
-            data = await loop.run_in_executor(self._read_pool, _pread_path, path,
-                                              COMPACTION_CHUNK_BYTES, offset)
+            data = await self._read_pool.run(_pread_path, self._io, path,
+                                             COMPACTION_CHUNK_BYTES, offset)
             if not data:
                 break
             pairs, good = scan_records(data)

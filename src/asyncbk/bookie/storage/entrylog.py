@@ -10,15 +10,13 @@ checkpoints.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ...errors import BookieIOError
-from .. import journal as _journal
-from ..journal import fsync_dir, write_all
+from ..fileio import OS_FILE_IO, FileIO
 from ..journal_format import HEADER_BYTES, AddRecord, decode_one, record_size_at
 from .index import INDEX_RECORD, RECORD_SPAN_MAX, Location
 
@@ -43,8 +41,9 @@ class _EntryLogWriter:
     """Appends ADD records to entry logs and index.log.  Used by one thread at a
     time: the recovery thread during open, then the journal's writer thread."""
 
-    def __init__(self, directory: Path, bytes_max: int, log_id: int, fd: int, length: int,
-                 index_fd: int, index_length: int) -> None:
+    def __init__(self, io: FileIO, directory: Path, bytes_max: int, log_id: int, fd: int,
+                 length: int, index_fd: int, index_length: int) -> None:
+        self.io = io
         self.directory = directory
         self.bytes_max = bytes_max
         self.log_id = log_id
@@ -84,9 +83,9 @@ class _EntryLogWriter:
     def _write(self, pieces: list[bytes | memoryview], index: list[bytes], end: int) -> None:
         if not pieces:
             return
-        write_all(self._fd, pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        self.io.write(self._fd, pieces[0] if len(pieces) == 1 else b"".join(pieces))
         self.length = end
-        write_all(self._index_fd, b"".join(index))
+        self.io.write(self._index_fd, b"".join(index))
         self.index_length += INDEX_RECORD.size * len(index)
 
     def _rotate(self) -> None:
@@ -97,7 +96,7 @@ class _EntryLogWriter:
         self._fd = -1
         new_id = self.log_id + 1
         path = self.directory / entry_log_name(new_id)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = self.io.create(path, exclusive=True)
         self.log_id, self.length = new_id, 0
 
     def take_for_sync(self) -> list[int]:
@@ -105,25 +104,26 @@ class _EntryLogWriter:
         the logs finished since the last checkpoint (handed over) and duplicates of
         the current log and index (the caller closes them all)."""
         fds, self._unsynced = self._unsynced, []
-        fds.append(os.dup(self._fd))
-        fds.append(os.dup(self._index_fd))
+        fds.append(self.io.dup(self._fd))
+        fds.append(self.io.dup(self._index_fd))
         return fds
 
     def close(self) -> None:
         fds, self._unsynced = self._unsynced, []
         for fd in fds:
-            os.close(fd)
+            self.io.close(fd)
         for name in ("_fd", "_index_fd"):
             fd = getattr(self, name)
             if fd >= 0:
                 setattr(self, name, -1)
-                os.close(fd)
+                self.io.close(fd)
 
 
 class _EntryLogReader:
-    """``os.pread`` of entry records on the read pool; one read-only fd per log, kept open."""
+    """``pread`` of entry records on the read pool; one read-only fd per log, kept open."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, io: FileIO = OS_FILE_IO) -> None:
+        self.io = io
         self.directory = directory
         self._fds: dict[int, int] = {}
         self._retired: list[int] = []
@@ -136,7 +136,7 @@ class _EntryLogReader:
                 raise BookieIOError("storage is closed")
             fd = self._fds.get(log_id)
             if fd is None:
-                fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
+                fd = self.io.open_read(self.directory / entry_log_name(log_id))
                 self._fds[log_id] = fd
             return fd
 
@@ -145,7 +145,7 @@ class _EntryLogReader:
         if not HEADER_BYTES < length <= RECORD_SPAN_MAX or not 0 <= offset <= 0xFFFFFFFF:
             raise BookieIOError(f"entry {ledger_id}/{entry_id}: bad location {loc}")
         try:
-            data = os.pread(self._fd(log_id), length, offset)
+            data = self.io.pread(self._fd(log_id), length, offset)
         except OSError as exc:
             raise BookieIOError(f"reading entry {ledger_id}/{entry_id}: {exc}") from exc
         got = decode_one(data)
@@ -167,7 +167,7 @@ class _EntryLogReader:
             fd = self._fds.pop(log_id, None)
             old, self._retired = self._retired, [fd] if fd is not None else []
         for each in old:
-            os.close(each)
+            self.io.close(each)
 
     def read_run(self, locs: Sequence[Location], ledger_id: int, first: int) -> list[bytes]:
         """The bodies of entries ``first, first + 1, ...`` at ``locs``.  Records that
@@ -186,7 +186,7 @@ class _EntryLogReader:
                 end += locs[j][2]
                 j += 1
             try:
-                data = os.pread(self._fd(log_id), end - offset, offset)
+                data = self.io.pread(self._fd(log_id), end - offset, offset)
             except OSError as exc:
                 raise BookieIOError(f"reading entries of ledger {ledger_id}: {exc}") from exc
             if len(data) != end - offset:
@@ -211,41 +211,41 @@ class _EntryLogReader:
             fds, self._fds = self._fds, {}
             retired, self._retired = self._retired, []
         for fd in [*fds.values(), *retired]:
-            os.close(fd)
+            self.io.close(fd)
 
 
-def _entry_log_sizes(directory: Path) -> dict[int, int]:
+def _entry_log_sizes(io: FileIO, directory: Path) -> dict[int, int]:
     out: dict[int, int] = {}
-    for entry in os.scandir(directory):
-        log_id = _parse_entry_log_name(entry.name)
+    for name, size in io.list_dir(directory):
+        log_id = _parse_entry_log_name(name)
         if log_id is not None:
-            out[log_id] = entry.stat().st_size
+            out[log_id] = size
     return out
 
 
-def _pread_path(path: Path, length: int, offset: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
+def _pread_path(io: FileIO, path: Path, length: int, offset: int) -> bytes:
+    fd = io.open_read(path)
     try:
-        data = os.pread(fd, length, offset)
+        data = io.pread(fd, length, offset)
     finally:
-        os.close(fd)
+        io.close(fd)
     # a record longer than the chunk: read exactly as much as it needs
     need = record_size_at(data, 0)
     if need is not None and need > len(data):
-        return _pread_path(path, need, offset)
+        return _pread_path(io, path, need, offset)
     return data
 
 
-def _unlink_quietly(path: Path) -> None:
-    path.unlink(missing_ok=True)
-    fsync_dir(path.parent)
+def _unlink_quietly(io: FileIO, path: Path) -> None:
+    io.unlink(path, missing_ok=True)
+    io.fsync_dir(path.parent)
 
 
-def _sync_and_close(fds: list[int]) -> None:
+def _sync_and_close(io: FileIO, fds: list[int]) -> None:
     try:
         for fd in fds:
-            _journal.fdatasync(fd)
+            io.fdatasync(fd)
     finally:
         for fd in fds:
-            os.close(fd)
+            io.close(fd)
 

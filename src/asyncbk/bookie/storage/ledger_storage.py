@@ -10,10 +10,8 @@ capture); reads, recovery and file housekeeping on a small read pool.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from ...config import BookieConfig
 from ...errors import BadRequestError, BookieIOError, NoSuchEntryError, NoSuchLedgerError
 from ...log import get_logger
 from ...types import LAST_ENTRY_ID
+from ..fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload, Worker
 from ..journal import Journal
 from ..journal_format import (
     ADD_RECORD_OVERHEAD_BYTES,
@@ -44,18 +43,13 @@ from .index import EntryIndex, Location
 from .recovery import _recover, _Recovered
 
 READ_THREADS = 4
-"""Threads serving ``os.pread`` for reads (and start-up recovery)."""
+"""Threads serving ``pread`` for reads (and start-up recovery)."""
 DISK_USAGE_REFRESH_S = 1.0
 
 
 def _wall_ms(clock: Clock) -> int:
     """The clock's wall time in epoch milliseconds (tombstones are dated with it)."""
     return int(clock.wall_s() * 1000)
-
-
-def _statvfs(path: Path) -> tuple[int, int]:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
 # --- the storage ------------------------------------------------------------------
@@ -67,12 +61,14 @@ class LedgerStorage:
     Loop-side state (``_ledgers``, ``_index``) is touched only on the event
     loop; the entry log writer and the durable ledger state only on the
     journal's writer thread; reads use a small pool of threads doing
-    ``os.pread``.
+    ``pread`` (all of it on the ``io`` and ``offload`` seams of :mod:`..fileio`).
     """
 
     def __init__(self, journal_dir: Path, ledger_dir: Path, config: BookieConfig,
-                 recovered: _Recovered, read_pool: ThreadPoolExecutor, log: Any,
-                 clock: Clock) -> None:
+                 recovered: _Recovered, read_pool: Worker, log: Any,
+                 clock: Clock, io: FileIO, offload: Offload) -> None:
+        self._io = io
+        self._offload = offload
         self._journal_dir = journal_dir
         self._ledger_dir = ledger_dir
         self._config = config
@@ -85,10 +81,10 @@ class LedgerStorage:
         """Loop-side copy of the deleted ledgers' tombstones (see _DurableState)."""
         self._ledgers = recovered.ledgers
         self._index: EntryIndex = recovered.index
-        self._reader = _EntryLogReader(ledger_dir / ENTRYLOG_DIR)
+        self._reader = _EntryLogReader(ledger_dir / ENTRYLOG_DIR, io)
         self._recovery_stats = recovered.stats
         self._journal = Journal(journal_dir, config, first_seq=recovered.next_seq, sink=self,
-                                log=log.bind(component="journal"))
+                                log=log.bind(component="journal"), io=io, offload=offload)
         self._closed = False
         self._close_task: asyncio.Task[None] | None = None
         self._housekeeping_task: asyncio.Task[None] | None = None
@@ -116,31 +112,33 @@ class LedgerStorage:
         self._compactor = EntryLogCompactor(
             entrylog_dir=ledger_dir / ENTRYLOG_DIR, index=self._index, writer=self._writer,
             reader=self._reader, journal=self._journal, read_pool=read_pool,
-            live=self._log_live, checkpoint=self.checkpoint, clock=clock, log=log)
+            live=self._log_live, checkpoint=self.checkpoint, clock=clock, log=log, io=io)
 
     @classmethod
     async def open(cls, journal_dir: Path, ledger_dir: Path, config: BookieConfig, *,
-                   log: Any = None, clock: Clock | None = None) -> LedgerStorage:
+                   log: Any = None, clock: Clock | None = None, io: FileIO = OS_FILE_IO,
+                   offload: Offload = THREAD_OFFLOAD) -> LedgerStorage:
         """Create sub-dirs if needed, load the last checkpoint, replay the journal
         after it (cutting a torn/garbage tail), then start the journal writer.
-        Blocking file work runs off the loop."""
+        Blocking file work runs off the loop (``offload``), on ``io``."""
         journal_dir, ledger_dir = Path(journal_dir), Path(ledger_dir)
         log = log if log is not None else get_logger(component="storage")
         clock = clock if clock is not None else SYSTEM_CLOCK
         loop = asyncio.get_running_loop()
-        read_pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="asyncbk-read")
+        read_pool = offload.worker("asyncbk-read", READ_THREADS)
         try:
-            recovered = await loop.run_in_executor(
-                read_pool, _recover, journal_dir, ledger_dir, config, log, _wall_ms(clock))
+            recovered = await read_pool.run(
+                _recover, journal_dir, ledger_dir, config, log, _wall_ms(clock), io)
         except BaseException:
             # On cancellation the recovery thread may still be running: do not wait for it.
-            read_pool.shutdown(wait=False)
+            read_pool.abandon()
             raise
-        self = cls(journal_dir, ledger_dir, config, recovered, read_pool, log, clock)
+        self = cls(journal_dir, ledger_dir, config, recovered, read_pool, log, clock, io,
+                   offload)
         try:
             await self._journal.start()
             await self.checkpoint()
-            self._disk_usage = await loop.run_in_executor(read_pool, _statvfs, ledger_dir)
+            self._disk_usage = await read_pool.run(io.disk_usage, ledger_dir)
         except BaseException:
             await self.abort()
             raise
@@ -307,9 +305,7 @@ class LedgerStorage:
         if loc is None:
             raise NoSuchEntryError(f"entry {ledger_id}/{entry_id} is not stored here")
         self._reads += 1
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._read_pool, self._reader.read, loc,
-                                          ledger_id, entry_id)
+        return await self._read_pool.run(self._reader.read, loc, ledger_id, entry_id)
 
     async def read_entries(self, ledger_id: int, first: int, count_max: int,
                            bytes_max: int) -> list[bytes]:
@@ -329,9 +325,7 @@ class LedgerStorage:
         if not locs:
             raise NoSuchEntryError(f"entry {ledger_id}/{first} is not stored here")
         self._reads += len(locs)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._read_pool, self._reader.read_run, locs,
-                                          ledger_id, first)
+        return await self._read_pool.run(self._reader.read_run, locs, ledger_id, first)
 
     # --- journal sink (see journal.BatchSink) ---------------------------------
 
@@ -422,7 +416,7 @@ class LedgerStorage:
         try:
             async with self._checkpoint_lock:  # a checkpoint must not miss a handed-over log
                 fds = await self._journal.run_in_writer(self._writer.take_for_sync)
-                await asyncio.to_thread(_sync_and_close, fds)
+                await self._offload.run(_sync_and_close, self._io, fds)
                 self._entry_log_flushes += 1
         except (BookieIOError, OSError) as exc:
             self._log.warning("entry log flush failed (the next checkpoint retries)",
@@ -450,7 +444,7 @@ class LedgerStorage:
                 return
             # The slow part (fdatasync of the entry logs and index, the checkpoint file,
             # journal file removal) runs off the writer thread: adds keep committing.
-            await asyncio.to_thread(self._checkpoint_write, work)
+            await self._offload.run(self._checkpoint_write, work)
             self._last_checkpoint_key = work.key
             elapsed = time.perf_counter() - t0
             self._checkpoints += 1
@@ -468,20 +462,19 @@ class LedgerStorage:
 
     def _checkpoint_write(self, work: _CheckpointWork) -> None:
         """A worker thread: make the captured state durable, then write the mark."""
-        _make_durable(work, self._ledger_dir)
+        _make_durable(self._io, work, self._ledger_dir)
         self._journal_files_deleted += self._journal.delete_files_before(
             work.payload["journal_seq"])
 
     async def _housekeeping(self) -> None:
         """Refresh disk usage every second; checkpoint every checkpoint_interval_s."""
-        loop = asyncio.get_running_loop()
         interval = self._config.checkpoint_interval_s
         next_checkpoint = self._clock.monotonic_s() + interval
         while True:
             await self._clock.sleep(min(DISK_USAGE_REFRESH_S, interval))
             try:
-                self._disk_usage = await loop.run_in_executor(self._read_pool, _statvfs,
-                                                              self._ledger_dir)
+                self._disk_usage = await self._read_pool.run(self._io.disk_usage,
+                                                             self._ledger_dir)
             except OSError as exc:
                 self._log.warning("statvfs failed", error=repr(exc))
             now = self._clock.monotonic_s()
@@ -533,13 +526,12 @@ class LedgerStorage:
             try:
                 await journal.run_in_writer(self._writer.close)
             except BookieIOError:  # the journal never started: no writer thread yet
-                await asyncio.get_running_loop().run_in_executor(self._read_pool,
-                                                                 self._writer.close)
+                await self._read_pool.run(self._writer.close)
         finally:
             await journal.close()
             # Waits for in-flight reads, so no fd is closed under a pread.
-            await asyncio.to_thread(self._read_pool.shutdown, True)
-            await asyncio.to_thread(self._reader.close)
+            await self._read_pool.shutdown()
+            await self._offload.run(self._reader.close)
             self._log.info("storage closed", graceful=graceful)
 
     # --- statistics -----------------------------------------------------------

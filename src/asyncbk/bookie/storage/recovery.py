@@ -8,7 +8,6 @@ the journal from the mark up to the first bad record, cutting the torn tail.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +15,8 @@ from typing import Any
 
 from ...config import BookieConfig
 from ...errors import BookieIOError
-from .. import journal as _journal
-from ..journal import fsync_dir, list_journal_files
+from ..fileio import OS_FILE_IO, FileIO
+from ..journal import list_journal_files
 from ..journal_format import (
     TYPE_ADD,
     TYPE_DELETE_LEDGER,
@@ -58,39 +57,40 @@ class _Recovered:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def _open_at_length(path: Path, length: int, what: str) -> int:
+def _open_at_length(io: FileIO, path: Path, length: int, what: str) -> int:
     """Open ``path`` for appending at ``length``, cutting anything after it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = io.open_append(path)
     try:
-        size = os.fstat(fd).st_size
+        size = io.size(fd)
         if size < length:
             raise BookieIOError(f"{what} {path} has {size} bytes but the checkpoint covers {length}")
         if size > length:
-            os.ftruncate(fd, length)
-            _journal.fdatasync(fd)
-        os.lseek(fd, length, os.SEEK_SET)
+            io.truncate(fd, length)
+            io.fdatasync(fd)
     except BaseException:
-        os.close(fd)
+        io.close(fd)
         raise
     return fd
 
 
-def _replay_file(path: Path, start: int, writer: _EntryLogWriter,
+def _replay_file(io: FileIO, path: Path, start: int, writer: _EntryLogWriter,
                  durable: _DurableState, index: MemoryEntryIndex,
                  stats: dict[str, Any], now_ms: int) -> tuple[int, int]:
     """Replay one journal file from ``start``; returns (good end offset, file size)."""
-    with path.open("rb", buffering=0) as fh:
-        size = os.fstat(fh.fileno()).st_size
+    fd = io.open_read(path)
+    try:
+        size = io.size(fd)
         if size < start:
             raise BookieIOError(f"journal {path} has {size} bytes but the checkpoint covers {start}")
-        fh.seek(start)
+        pos = start  # file offset of the next read
         base = start  # file offset of buf[0]
         buf = b""
         eof = False
         while True:
             if not eof:
                 want = record_size_at(buf, 0) or 0
-                data = fh.read(max(REPLAY_CHUNK_BYTES, want - len(buf)))
+                data = io.pread(fd, max(REPLAY_CHUNK_BYTES, want - len(buf)), pos)
+                pos += len(data)
                 if data:
                     buf = buf + data if buf else data
                 else:
@@ -121,6 +121,8 @@ def _replay_file(path: Path, start: int, writer: _EntryLogWriter,
                 if need is None or need <= len(buf):
                     return base, size  # a whole record is there and it is bad: garbage
             # else: an incomplete record (or nothing) so far; read on
+    finally:
+        io.close(fd)
 
 
 def _apply_replayed(durable: _DurableState, record: Record, now_ms: int) -> None:
@@ -137,16 +139,16 @@ def _apply_replayed(durable: _DurableState, record: Record, now_ms: int) -> None
 
 
 def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any,
-             now_ms: int) -> _Recovered:
+             now_ms: int, io: FileIO = OS_FILE_IO) -> _Recovered:
     """Everything :meth:`.LedgerStorage.open` does before the journal starts (a thread).
     ``now_ms``: the clock's wall time, for the tombstones of replayed deletions."""
     t0 = time.perf_counter()  # performance timer: only reported (recovery_s)
     entrylog_dir = ledger_dir / ENTRYLOG_DIR
     for directory in (journal_dir, ledger_dir, entrylog_dir):
-        directory.mkdir(parents=True, exist_ok=True)
-    (ledger_dir / (CHECKPOINT_FILE + ".tmp")).unlink(missing_ok=True)
+        io.makedirs(directory)
+    io.unlink(ledger_dir / (CHECKPOINT_FILE + ".tmp"), missing_ok=True)
 
-    payload = read_checkpoint(ledger_dir)
+    payload = read_checkpoint(ledger_dir, io)
     durable = _DurableState()
     if payload is None:
         mark = CheckpointMark()
@@ -162,26 +164,26 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
             durable[ledger_id] = _DurableLedger(master_key, fenced, explicit_lac, lac)
 
     # Entry logs and index: keep exactly what the checkpoint covers.
-    for entry in os.scandir(entrylog_dir):
-        log_id = _parse_entry_log_name(entry.name)
+    for name, _size in sorted(io.list_dir(entrylog_dir)):
+        log_id = _parse_entry_log_name(name)
         if log_id is not None and log_id > mark.entry_log_id:
-            os.unlink(entry.path)
-    log_fd = _open_at_length(entrylog_dir / entry_log_name(mark.entry_log_id),
+            io.unlink(entrylog_dir / name)
+    log_fd = _open_at_length(io, entrylog_dir / entry_log_name(mark.entry_log_id),
                              mark.entry_log_length, "entry log")
     try:
-        index_fd = _open_at_length(ledger_dir / INDEX_FILE, mark.index_length, "index")
+        index_fd = _open_at_length(io, ledger_dir / INDEX_FILE, mark.index_length, "index")
     except BaseException:
-        os.close(log_fd)
+        io.close(log_fd)
         raise
-    writer = _EntryLogWriter(entrylog_dir, config.entry_log_bytes_max, mark.entry_log_id,
+    writer = _EntryLogWriter(io, entrylog_dir, config.entry_log_bytes_max, mark.entry_log_id,
                              log_fd, mark.entry_log_length, index_fd, mark.index_length)
     try:
-        fsync_dir(entrylog_dir)
-        fsync_dir(ledger_dir)
+        io.fsync_dir(entrylog_dir)
+        io.fsync_dir(ledger_dir)
         if mark.index_length % INDEX_RECORD.size:
             raise BookieIOError(f"index length {mark.index_length} is not a whole number of records")
         index = MemoryEntryIndex()
-        data = os.pread(index_fd, mark.index_length, 0) if mark.index_length else b""
+        data = io.pread(index_fd, mark.index_length, 0) if mark.index_length else b""
         if len(data) != mark.index_length:
             raise BookieIOError("short read of the index")
         load_index_records(index, data, mark.entry_log_id)
@@ -192,11 +194,11 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
         stats: dict[str, Any] = {"records_replayed": 0, "adds_replayed": 0, "bytes_cut": 0,
                                  "journal_files_removed": 0, "journal_files_replayed": 0,
                                  "entries_indexed": indexed}
-        files = list_journal_files(journal_dir)
+        files = list_journal_files(journal_dir, io)
         removed_any = False
         for seq, path in files:
             if seq < mark.journal_seq:
-                path.unlink()
+                io.unlink(path)
                 removed_any = True
         files = [(seq, path) for seq, path in files if seq >= mark.journal_seq]
         if mark.journal_offset > 0 and (not files or files[0][0] != mark.journal_seq):
@@ -210,28 +212,31 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
                           missing_seq=prev_seq + 1, next_file=path.name)
                 cut = True
             if cut:
-                stats["bytes_cut"] += path.stat().st_size
-                path.unlink()
+                stats["bytes_cut"] += io.file_size(path)
+                io.unlink(path)
                 stats["journal_files_removed"] += 1
                 removed_any = True
                 continue
             start = mark.journal_offset if seq == mark.journal_seq else 0
-            good, size = _replay_file(path, start, writer, durable, index, stats, now_ms)
+            good, size = _replay_file(io, path, start, writer, durable, index, stats, now_ms)
             stats["journal_files_replayed"] += 1
             prev_seq = seq
             if good < size:
                 cut = True
                 stats["bytes_cut"] += size - good
-                with path.open("r+b", buffering=0) as fh:
-                    os.ftruncate(fh.fileno(), good)
-                    _journal.fdatasync(fh.fileno())
+                fd = io.open_append(path)
+                try:
+                    io.truncate(fd, good)
+                    io.fdatasync(fd)
+                finally:
+                    io.close(fd)
                 log.warning("journal torn tail cut", file=path.name, offset=good,
                             bytes_cut=size - good)
         if stats["journal_files_removed"]:
             log.error("journal files after a torn record removed",
                       files=stats["journal_files_removed"])
         if removed_any:
-            fsync_dir(journal_dir)
+            io.fsync_dir(journal_dir)
 
         ledgers: dict[int, LedgerInfo] = {}
         deleted = [ledger_id for ledger_id in index.ledger_ids() if ledger_id not in durable]

@@ -1,0 +1,261 @@
+"""The seams under the journal and the ledger storage: file operations (:class:`FileIO`)
+and "run this blocking function off the loop" (:class:`Offload`).
+
+The bookie runs :class:`OsFileIO` and :class:`ThreadOffload`: the ``os`` calls and
+worker threads it always used.  The simulator runs the same journal and storage over
+:class:`~asyncbk.testing.simfs.SimFileSystem` (torn writes, lost unsynced writes, fsync
+failures) and :class:`~asyncbk.testing.simfs.InlineOffload` (no threads: the function
+runs on the loop after a simulated delay).
+
+:class:`FileIO` is the operations the storage uses, no more.  It is descriptor-based.
+Every writer here appends: :meth:`FileIO.write` writes at the descriptor's position,
+which is the end of the file (files are opened at their end, and
+:meth:`FileIO.truncate` leaves the position at the new end).  Durability is as on
+POSIX: data is durable after :meth:`FileIO.fdatasync` of its file; a creation,
+rename or removal after :meth:`FileIO.fsync_dir` of its directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
+
+_FDATASYNC: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class FileIO(Protocol):
+    """File operations of the journal and the ledger storage (module docstring).
+    Errors are ``OSError`` (``FileNotFoundError``, ``FileExistsError``, ``EIO``,
+    ``ENOSPC``...), as the ``os`` calls raise them."""
+
+    def create(self, path: Path, *, exclusive: bool) -> int:
+        """Open for writing a new file (``exclusive``: FileExistsError if it exists)
+        or an emptied one (not ``exclusive``: truncated if it exists)."""
+        ...
+
+    def open_append(self, path: Path) -> int:
+        """Open for reading and writing at its end; created (empty) if missing."""
+        ...
+
+    def open_read(self, path: Path) -> int:
+        """Open read-only; FileNotFoundError if missing."""
+        ...
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
+        """Write all of ``data`` at the end of the file."""
+        ...
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        """Up to ``length`` bytes from ``offset`` (fewer at the end of the file)."""
+        ...
+
+    def fdatasync(self, fd: int) -> None:
+        """Make the file's data durable."""
+        ...
+
+    def truncate(self, fd: int, length: int) -> None:
+        """Cut the file to ``length`` bytes; later writes go at ``length``."""
+        ...
+
+    def size(self, fd: int) -> int:
+        """The file's length in bytes."""
+        ...
+
+    def dup(self, fd: int) -> int:
+        """A second descriptor of the same open file (closed on its own)."""
+        ...
+
+    def close(self, fd: int) -> None: ...
+
+    def read_file(self, path: Path) -> bytes:
+        """The whole file; FileNotFoundError if missing."""
+        ...
+
+    def file_size(self, path: Path) -> int:
+        """The length of the file at ``path``; FileNotFoundError if missing."""
+        ...
+
+    def replace(self, src: Path, dst: Path) -> None:
+        """Rename ``src`` to ``dst`` atomically, replacing ``dst``."""
+        ...
+
+    def unlink(self, path: Path, *, missing_ok: bool = False) -> None: ...
+
+    def list_dir(self, path: Path) -> list[tuple[str, int]]:
+        """``(name, size in bytes)`` of each file in the directory, in no order."""
+        ...
+
+    def makedirs(self, path: Path) -> None:
+        """Create the directory and its parents if missing."""
+        ...
+
+    def fsync_dir(self, path: Path) -> None:
+        """Make the creations, renames and removals in the directory durable."""
+        ...
+
+    def disk_usage(self, path: Path) -> tuple[int, int]:
+        """``(free bytes, total bytes)`` of the file system holding ``path``."""
+        ...
+
+
+def fdatasync(fd: int) -> None:
+    """``os.fdatasync`` (``os.fsync`` where there is none).  Looked up at each call
+    by :class:`OsFileIO`, so tests can replace it (``monkeypatch.setattr(fileio,
+    "fdatasync", ...)``) to make the real disk slow or failing."""
+    _FDATASYNC(fd)
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """``os.write`` until everything is written (a regular-file write may be short).
+    Looked up at each call by :class:`OsFileIO` (tests replace it)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(f"os.write wrote {n} bytes")
+        view = view[n:]
+
+
+class OsFileIO:
+    """:class:`FileIO` on the real file system (``os`` calls)."""
+
+    def create(self, path: Path, *, exclusive: bool) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | _O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+        return os.open(path, flags, 0o644)
+
+    def open_append(self, path: Path) -> int:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        try:
+            os.lseek(fd, 0, os.SEEK_END)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def open_read(self, path: Path) -> int:
+        return os.open(path, os.O_RDONLY | _O_CLOEXEC)
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
+        write_all(fd, data)
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        return os.pread(fd, length, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        fdatasync(fd)
+
+    def truncate(self, fd: int, length: int) -> None:
+        os.ftruncate(fd, length)
+        os.lseek(fd, length, os.SEEK_SET)
+
+    def size(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def dup(self, fd: int) -> int:
+        return os.dup(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def read_file(self, path: Path) -> bytes:
+        return Path(path).read_bytes()
+
+    def file_size(self, path: Path) -> int:
+        return os.stat(path).st_size
+
+    def replace(self, src: Path, dst: Path) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: Path, *, missing_ok: bool = False) -> None:
+        Path(path).unlink(missing_ok=missing_ok)
+
+    def list_dir(self, path: Path) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        for entry in os.scandir(path):
+            try:
+                out.append((entry.name, entry.stat().st_size))
+            except FileNotFoundError:  # removed meanwhile
+                continue
+        return out
+
+    def makedirs(self, path: Path) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+
+    def fsync_dir(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def disk_usage(self, path: Path) -> tuple[int, int]:
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+OS_FILE_IO = OsFileIO()
+
+
+# --- offload ------------------------------------------------------------------------
+
+
+class Worker(Protocol):
+    """Where blocking calls run off the loop: a pool of ``threads`` threads, FIFO
+    (with one thread, calls run one at a time in the order they were made)."""
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` off the loop; its result or exception."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Wait for the calls under way, then release the threads."""
+        ...
+
+    def abandon(self) -> None:
+        """Release the threads without waiting (a call under way finishes alone)."""
+        ...
+
+
+class Offload(Protocol):
+    """Makes :class:`Worker` s, and runs one-off blocking calls off the loop."""
+
+    def worker(self, name: str, threads: int) -> Worker: ...
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` off the loop (``asyncio.to_thread``)."""
+        ...
+
+
+class _ThreadWorker:
+    def __init__(self, name: str, threads: int) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def shutdown(self) -> None:
+        # Joining idle threads is quick but still blocking: off the loop.
+        await asyncio.to_thread(self._executor.shutdown, True)
+
+    def abandon(self) -> None:
+        self._executor.shutdown(wait=False)
+
+
+class ThreadOffload:
+    """:class:`Offload` with real threads (``ThreadPoolExecutor``, ``asyncio.to_thread``)."""
+
+    def worker(self, name: str, threads: int) -> Worker:
+        return _ThreadWorker(name, threads)
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+
+THREAD_OFFLOAD = ThreadOffload()
