@@ -1,0 +1,366 @@
+"""A simulated file system for the real journal and storage in the simulator.
+
+:class:`SimFileSystem` holds one bookie's disks; it survives the bookie's crashes.
+The storage reaches it through a :class:`SimMount` (:meth:`SimFileSystem.mount`), a
+:class:`~asyncbk.bookie.fileio.FileIO`; a crash kills every mount (the dead process's
+descriptors and calls fail with ``EIO``, closing them does nothing), and the restarted
+bookie mounts anew.
+
+What is durable, as on POSIX with a cautious reading:
+
+* a file's content as of its last :meth:`~SimMount.fdatasync`; what was written (or
+  cut) since is *unsynced*: reads see it, a crash may lose it;
+* a directory's entries (creations, renames, removals) as of its last
+  :meth:`~SimMount.fsync_dir`; a crash brings back the entries of that moment (a
+  file created since vanishes, one removed since comes back, a rename is undone);
+  directories themselves are durable once made.
+
+:meth:`SimFileSystem.crash` applies a crash, per file, from the seeded RNG: without
+``torn``, every unsynced write is lost; with ``torn``, a random prefix of the file's
+unsynced writes survives, the last of them possibly cut at a random byte (the disk
+wrote back part of the page cache, in order).
+
+Faults on demand: :meth:`SimFileSystem.fail_fsyncs` makes the next fdatasyncs raise
+``EIO``; after such a failure the file's unsynced data is in an unknown state, here
+kept or lost (chosen by the RNG), never retried (Linux marks the pages clean).
+:meth:`SimFileSystem.set_full` makes writes raise ``ENOSPC``.
+
+:class:`InlineOffload` is the :class:`~asyncbk.bookie.fileio.Offload` of a simulated
+run: no threads; a call waits a simulated delay (so an fsync takes virtual time and
+group commit still forms groups), then runs on the loop.  A one-thread worker runs
+its calls one at a time, in order, as the journal's writer thread does.
+
+Everything is deterministic from the RNG: nothing iterates in hash order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TypeVar
+
+T = TypeVar("T")
+
+CAPACITY_BYTES = 100 << 30
+
+
+@dataclass(eq=False)
+class _File:
+    number: int
+    durable: bytearray = field(default_factory=bytearray)
+    data: bytearray = field(default_factory=bytearray)
+    """What reads see: the durable content with the unsynced operations applied."""
+    unsynced: list[tuple[str, int, bytes]] = field(default_factory=list)
+    """("w", offset, bytes) and ("t", length, b"") since the last fdatasync, in order."""
+
+
+@dataclass
+class _Dir:
+    entries: dict[str, _File] = field(default_factory=dict)
+    durable: dict[str, _File] = field(default_factory=dict)
+
+
+@dataclass
+class _Open:
+    file: _File
+    mount: SimMount
+    writable: bool
+
+
+def _apply(buf: bytearray, op: tuple[str, int, bytes]) -> None:
+    kind, at, data = op
+    if kind == "w":
+        if len(buf) < at:
+            buf.extend(bytes(at - len(buf)))
+        buf[at:at + len(data)] = data
+    else:
+        del buf[at:]
+        if len(buf) < at:
+            buf.extend(bytes(at - len(buf)))
+
+
+class SimFileSystem:
+    """One bookie's simulated disks (module docstring)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self._dirs: dict[str, _Dir] = {"/": _Dir()}
+        self._files: list[_File] = []  # every file ever made, by number (crash order)
+        self._fds: dict[int, _Open] = {}
+        self._next_fd = 3
+        self._file_numbers = 0
+        self._mount: SimMount | None = None
+        self._fsync_failures = 0
+        self._full = False
+        self.crashes = 0
+        self.fsync_failures = 0
+        """fdatasyncs failed on purpose so far."""
+        self.fsyncs = 0
+
+    # --- faults ---------------------------------------------------------------------
+
+    def mount(self) -> SimMount:
+        """A new :class:`~asyncbk.bookie.fileio.FileIO` on these disks (one process)."""
+        self._mount = SimMount(self)
+        return self._mount
+
+    def crash(self, torn: bool) -> None:
+        """The machine dies: mounts die, unsynced data and directory changes are lost
+        (with ``torn``, some survive: module docstring)."""
+        self.crashes += 1
+        if self._mount is not None:
+            self._mount.alive = False
+            self._mount = None
+        self._fds.clear()
+        rng = self.rng
+        for f in self._files:
+            if f.unsynced:
+                keep = rng.randint(0, len(f.unsynced)) if torn else 0
+                for op in f.unsynced[:keep]:
+                    _apply(f.durable, op)
+                if torn and keep < len(f.unsynced) and f.unsynced[keep][0] == "w":
+                    kind, at, data = f.unsynced[keep]
+                    cut = rng.randint(0, len(data))
+                    if cut:
+                        _apply(f.durable, (kind, at, data[:cut]))
+                f.unsynced = []
+            f.data = bytearray(f.durable)
+        for d in self._dirs.values():
+            d.entries = dict(d.durable)
+        live = {id(f) for d in self._dirs.values() for f in d.entries.values()}
+        self._files = [f for f in self._files if id(f) in live]
+
+    def fail_fsyncs(self, count: int = 1) -> None:
+        """The next ``count`` fdatasyncs raise ``EIO`` (module docstring)."""
+        self._fsync_failures += count
+
+    def set_full(self, full: bool) -> None:
+        """Writes raise ``ENOSPC`` while full."""
+        self._full = full
+
+    # --- inspection (tests) -----------------------------------------------------------
+
+    def durable_bytes(self, path: Path | str) -> bytes | None:
+        """What a crash right now without ``torn`` would leave at ``path``."""
+        d = self._dirs.get(str(PurePosixPath(path).parent))
+        f = d.durable.get(PurePosixPath(path).name) if d is not None else None
+        return bytes(f.durable) if f is not None else None
+
+    def used_bytes(self) -> int:
+        return sum(len(f.data) for f in self._files)
+
+    # --- internals for SimMount -------------------------------------------------------
+
+    def _split(self, path: Path | str) -> tuple[_Dir, str]:
+        p = PurePosixPath(path)
+        d = self._dirs.get(str(p.parent))
+        if d is None:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", str(p.parent))
+        return d, p.name
+
+    def _lookup(self, path: Path | str) -> _File:
+        d, name = self._split(path)
+        f = d.entries.get(name)
+        if f is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
+        return f
+
+    def _new_fd(self, f: _File, mount: SimMount, writable: bool) -> int:
+        fd = self._next_fd
+        self._next_fd += 1
+        self._fds[fd] = _Open(f, mount, writable)
+        return fd
+
+    def _new_file(self) -> _File:
+        self._file_numbers += 1
+        f = _File(self._file_numbers)
+        self._files.append(f)
+        return f
+
+
+class SimMount:
+    """:class:`~asyncbk.bookie.fileio.FileIO` of one (simulated) process on a
+    :class:`SimFileSystem`; dead after the file system's crash."""
+
+    def __init__(self, fs: SimFileSystem) -> None:
+        self.fs = fs
+        self.alive = True
+
+    def _check(self) -> None:
+        if not self.alive:
+            raise OSError(errno.EIO, "sim: the machine crashed")
+
+    def _open(self, fd: int) -> _Open:
+        self._check()
+        o = self.fs._fds.get(fd)
+        if o is None or o.mount is not self:
+            raise OSError(errno.EBADF, "sim: bad file descriptor")
+        return o
+
+    def create(self, path: Path, *, exclusive: bool) -> int:
+        self._check()
+        d, name = self.fs._split(path)
+        f = d.entries.get(name)
+        if f is not None:
+            if exclusive:
+                raise FileExistsError(errno.EEXIST, "file exists", str(path))
+            self._record(f, ("t", 0, b""))
+        else:
+            f = d.entries[name] = self.fs._new_file()
+        return self.fs._new_fd(f, self, True)
+
+    def open_append(self, path: Path) -> int:
+        self._check()
+        d, name = self.fs._split(path)
+        f = d.entries.get(name)
+        if f is None:
+            f = d.entries[name] = self.fs._new_file()
+        return self.fs._new_fd(f, self, True)
+
+    def open_read(self, path: Path) -> int:
+        self._check()
+        return self.fs._new_fd(self.fs._lookup(path), self, False)
+
+    def _record(self, f: _File, op: tuple[str, int, bytes]) -> None:
+        _apply(f.data, op)
+        f.unsynced.append(op)
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
+        o = self._open(fd)
+        if not o.writable:
+            raise OSError(errno.EBADF, "sim: not open for writing")
+        if self.fs._full:
+            raise OSError(errno.ENOSPC, "sim: no space left on device")
+        self._record(o.file, ("w", len(o.file.data), bytes(data)))
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        return bytes(self._open(fd).file.data[offset:offset + length])
+
+    def fdatasync(self, fd: int) -> None:
+        f = self._open(fd).file
+        fs = self.fs
+        fs.fsyncs += 1
+        if fs._fsync_failures > 0:
+            fs._fsync_failures -= 1
+            fs.fsync_failures += 1
+            if f.unsynced and fs.rng.random() < 0.5:
+                f.durable = bytearray(f.data)  # written back after all
+            else:
+                f.data = bytearray(f.durable)  # dropped: reads see the old content
+            f.unsynced = []
+            raise OSError(errno.EIO, "sim: fsync failed")
+        if f.unsynced:
+            f.durable = bytearray(f.data)
+            f.unsynced = []
+
+    def truncate(self, fd: int, length: int) -> None:
+        o = self._open(fd)
+        if not o.writable:
+            raise OSError(errno.EBADF, "sim: not open for writing")
+        self._record(o.file, ("t", length, b""))
+
+    def size(self, fd: int) -> int:
+        return len(self._open(fd).file.data)
+
+    def dup(self, fd: int) -> int:
+        o = self._open(fd)
+        return self.fs._new_fd(o.file, self, o.writable)
+
+    def close(self, fd: int) -> None:
+        if not self.alive:
+            return  # the crash closed everything
+        self._open(fd)
+        del self.fs._fds[fd]
+
+    def read_file(self, path: Path) -> bytes:
+        self._check()
+        return bytes(self.fs._lookup(path).data)
+
+    def file_size(self, path: Path) -> int:
+        self._check()
+        return len(self.fs._lookup(path).data)
+
+    def replace(self, src: Path, dst: Path) -> None:
+        self._check()
+        sd, sname = self.fs._split(src)
+        dd, dname = self.fs._split(dst)
+        f = sd.entries.get(sname)
+        if f is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", str(src))
+        del sd.entries[sname]
+        dd.entries[dname] = f
+
+    def unlink(self, path: Path, *, missing_ok: bool = False) -> None:
+        self._check()
+        d, name = self.fs._split(path)
+        if d.entries.pop(name, None) is None and not missing_ok:
+            raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
+
+    def list_dir(self, path: Path) -> list[tuple[str, int]]:
+        self._check()
+        d = self.fs._dirs.get(str(PurePosixPath(path)))
+        if d is None:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", str(path))
+        return [(name, len(f.data)) for name, f in sorted(d.entries.items())]
+
+    def makedirs(self, path: Path) -> None:
+        self._check()
+        p = PurePosixPath(path)
+        for each in [*reversed(p.parents), p]:
+            self.fs._dirs.setdefault(str(each), _Dir())
+
+    def fsync_dir(self, path: Path) -> None:
+        self._check()
+        d = self.fs._dirs.get(str(PurePosixPath(path)))
+        if d is None:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", str(path))
+        d.durable = dict(d.entries)
+
+    def disk_usage(self, path: Path) -> tuple[int, int]:
+        self._check()
+        return max(0, CAPACITY_BYTES - self.fs.used_bytes()), CAPACITY_BYTES
+
+
+# --- offload ------------------------------------------------------------------------
+
+
+class _InlineWorker:
+    def __init__(self, offload: InlineOffload, threads: int) -> None:
+        self._offload = offload
+        self._slots = asyncio.Lock() if threads == 1 else asyncio.Semaphore(threads)
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        async with self._slots:  # FIFO: one-thread workers keep their order
+            return await self._offload.run(fn, *args)
+
+    async def shutdown(self) -> None:
+        async with self._slots:  # the calls under way are done
+            pass
+
+    def abandon(self) -> None:
+        pass
+
+
+class InlineOffload:
+    """:class:`~asyncbk.bookie.fileio.Offload` without threads (module docstring):
+    each call waits a delay drawn from ``delay_s`` on the loop's (virtual) clock,
+    then runs inline."""
+
+    def __init__(self, rng: random.Random, delay_s: tuple[float, float] = (0.0001, 0.002)
+                 ) -> None:
+        self.rng = rng
+        self.delay_s = delay_s
+
+    def worker(self, name: str, threads: int) -> _InlineWorker:
+        return _InlineWorker(self, threads)
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        await asyncio.sleep(self.rng.uniform(*self.delay_s))
+        return fn(*args)
+
+
+__all__ = ["InlineOffload", "SimFileSystem", "SimMount"]
