@@ -13,12 +13,14 @@ unchanged on top of these parts:
   chunk drawn from the seeded RNG) plugged into the client through its
   connector seam; partitions hold traffic until healed; a crashed bookie's
   links are reset.
-* :class:`SimStorage` over a :class:`SimDisk`: the ``LedgerStorage`` interface
-  with group commit; a record is durable (and its add acknowledged) only when
-  its simulated fsync completes; a crash loses what was not fsynced, or with a
-  torn write keeps a random prefix of the batch being written.
-* :class:`SimBookie`: processor + storage + lease registration in the shared
-  in-memory metadata store (leases expire in virtual time).
+* :class:`SimBookie`: the real ``LedgerStorage`` (group-committed journal, entry
+  logs, index, checkpoints, start-up recovery) over a
+  :class:`~asyncbk.testing.simfs.SimFileSystem` per bookie, whose blocking calls
+  run inline after a simulated delay (:class:`~asyncbk.testing.simfs.InlineOffload`);
+  a crash loses what was not fsynced (or, torn, keeps a random part of it) and the
+  restart runs the real recovery; + the real request processor + lease
+  registration in the shared in-memory metadata store (leases expire in virtual
+  time).
 
 Every random choice comes from one ``random.Random(seed)``, and nothing here
 iterates a set or dict whose order depends on hashing of addresses, so a
@@ -32,18 +34,29 @@ import asyncio
 import random
 import selectors
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from ..bookie.processor import BookieState, RequestProcessor
 from ..bookie.registration import Registration
-from ..bookie.storage import LedgerInfo
+from ..bookie.storage import LedgerStorage
 from ..clock import LOOP_CLOCK
 from ..config import BookieConfig
-from ..errors import NoSuchEntryError, NoSuchLedgerError, TooManyRequestsError
 from ..meta.memory import MemoryMetadataState, MemoryMetadataStore
 from ..net.server import BookieListener, ServerConnection
 from ..types import BookieId
+from .simfs import InlineOffload, SimFileSystem
+
+
+SIM_STORAGE_CONFIG: dict[str, Any] = {
+    "journal_file_bytes_max": 16 * 1024,
+    "entry_log_bytes_max": 16 * 1024,
+    "entry_log_flush_bytes": 8 * 1024,
+    "checkpoint_interval_s": 0.5,
+}
+"""Small files and frequent checkpoints, so that a run of a few hundred entries over
+a few virtual seconds rotates journal files and entry logs, flushes, checkpoints and
+trims the journal, and its crashes recover from all of those."""
 
 
 class SimulationStalled(RuntimeError):
@@ -245,207 +258,36 @@ class SimNetwork:
         return connect
 
 
-# --------------------------------------------------------------------------- disk
-
-
-@dataclass
-class _DurableLedger:
-    master_key: bytes
-    fenced: bool = False
-    lac: int = -1
-    explicit_lac: int = -1
-    entries: dict[int, bytes] = field(default_factory=dict)
-
-
-class SimDisk:
-    """What a bookie's disks hold: survives crashes (unlike SimStorage)."""
-
-    def __init__(self) -> None:
-        self.ledgers: dict[int, _DurableLedger] = {}
-
-
-class SimStorage:
-    """``LedgerStorage`` in memory with group commit over a :class:`SimDisk`."""
-
-    def __init__(self, disk: SimDisk, config: BookieConfig, rng: random.Random,
-                 fsync_s: tuple[float, float] = (0.0001, 0.002)) -> None:
-        self.disk = disk
-        self._config = config
-        self._rng = rng
-        self._fsync_s = fsync_s
-        self._loop = asyncio.get_running_loop()
-        self._info: dict[int, LedgerInfo] = {}
-        for lid, d in disk.ledgers.items():
-            self._info[lid] = LedgerInfo(d.master_key, d.fenced, max(d.lac, d.explicit_lac),
-                                         max(d.entries, default=-1))
-        self._queue: list[tuple[Any, ...]] = []
-        self._in_flight: list[tuple[Any, ...]] = []
-        self._space = asyncio.Event()
-        self._space.set()
-        self.dead = False
-
-    @property
-    def config(self) -> BookieConfig:
-        return self._config
-
-    def ledger(self, ledger_id: int) -> LedgerInfo | None:
-        return self._info.get(ledger_id)
-
-    def is_deleted(self, ledger_id: int) -> bool:
-        return False  # the simulator never garbage collects
-
-    def _register(self, ledger_id: int, master_key: bytes) -> LedgerInfo:
-        info = self._info.get(ledger_id)
-        if info is None:
-            info = self._info[ledger_id] = LedgerInfo(master_key)
-        return info
-
-    def _enqueue(self, op: tuple[Any, ...]) -> asyncio.Future[None]:
-        if len(self._queue) >= self._config.journal_queue_entries_max:
-            raise TooManyRequestsError("sim journal queue full")
-        fut: asyncio.Future[None] = self._loop.create_future()
-        self._queue.append((*op, fut))
-        if len(self._queue) >= self._config.journal_queue_entries_max * 3 // 4:
-            self._space.clear()
-        if not self._in_flight:
-            self._start_fsync()
-        return fut
-
-    def _start_fsync(self) -> None:
-        self._in_flight, self._queue = self._queue, []
-        self._loop.call_later(self._rng.uniform(*self._fsync_s), self._fsync_done)
-
-    def _apply(self, op: tuple[Any, ...]) -> None:
-        kind, ledger_id = op[0], op[1]
-        info = self._info[ledger_id]
-        d = self.disk.ledgers.get(ledger_id)
-        if d is None:
-            d = self.disk.ledgers[ledger_id] = _DurableLedger(info.master_key)
-        if kind == "add":
-            d.entries[op[2]] = op[3]
-        elif kind == "fence":
-            d.fenced = True
-        elif kind == "lac":
-            d.explicit_lac = max(d.explicit_lac, op[2])
-        d.lac = max(d.lac, info.lac)
-
-    def _fsync_done(self) -> None:
-        if self.dead:
-            return
-        batch, self._in_flight = self._in_flight, []
-        for op in batch:
-            self._apply(op)
-            if op[0] == "add":
-                info = self._info[op[1]]
-                info.last_entry_id = max(info.last_entry_id, op[2])
-        for op in batch:
-            fut = op[-1]
-            if not fut.done():
-                fut.set_result(None)
-        if len(self._queue) < self._config.journal_queue_entries_max * 3 // 4:
-            self._space.set()
-        if self._queue:
-            self._start_fsync()
-
-    def crash(self, torn: bool) -> None:
-        """The process dies: unsynced records are lost; a torn write keeps a prefix
-        of the batch that was being written (never acknowledged)."""
-        self.dead = True
-        if torn and self._in_flight:
-            keep = self._rng.randrange(len(self._in_flight) + 1)
-            for op in self._in_flight[:keep]:
-                self._apply(op)
-        self._in_flight, self._queue = [], []
-
-    # --- the LedgerStorage interface ------------------------------------------
-
-    def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes,
-                  body: bytes) -> asyncio.Future[None]:
-        self._register(ledger_id, master_key)
-        return self._enqueue(("add", ledger_id, entry_id, body))
-
-    def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[None]:
-        self._register(ledger_id, master_key).fenced = True
-        return self._enqueue(("fence", ledger_id))
-
-    def update_lac(self, ledger_id: int, lac: int) -> bool:
-        info = self._info[ledger_id]
-        if lac > info.lac:
-            info.lac = lac
-            return True
-        return False
-
-    def write_explicit_lac(self, ledger_id: int, lac: int) -> asyncio.Future[None]:
-        return self._enqueue(("lac", ledger_id, lac))
-
-    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
-        await asyncio.sleep(self._rng.uniform(0, 0.0005))
-        d = self.disk.ledgers.get(ledger_id)
-        info = self._info.get(ledger_id)
-        if info is None:
-            raise NoSuchLedgerError(str(ledger_id))
-        if entry_id == -1:
-            entry_id = info.last_entry_id
-        body = d.entries.get(entry_id) if d is not None else None
-        if body is None:
-            raise NoSuchEntryError(f"{ledger_id}:{entry_id}")
-        return body
-
-    async def read_entries(self, ledger_id: int, first: int, count_max: int,
-                           bytes_max: int) -> list[bytes]:
-        out = [await self.read_entry(ledger_id, first)]
-        d = self.disk.ledgers.get(ledger_id)
-        size = len(out[0])
-        for entry_id in range(first + 1, first + count_max):
-            body = d.entries.get(entry_id) if d is not None else None
-            if body is None or size + len(body) > bytes_max:
-                break
-            out.append(body)
-            size += len(body)
-        return out
-
-    @property
-    def journal_queue_entries(self) -> int:
-        return len(self._queue)
-
-    @property
-    def journal_failed(self) -> bool:
-        return False
-
-    async def wait_for_queue_space(self) -> None:
-        await self._space.wait()
-
-    def disk_usage(self) -> tuple[int, int]:
-        return 50 << 30, 100 << 30
-
-    def statistics(self) -> dict[str, Any]:
-        return {"queue": len(self._queue)}
-
-    async def close(self) -> None:
-        self.dead = True
-
-
 # --------------------------------------------------------------------------- bookie
 
 
 class SimBookie:
+    """One bookie: the real :class:`LedgerStorage` (journal, entry logs, index,
+    checkpoints, recovery) on its own :class:`SimFileSystem`, which survives its
+    crashes; the real request processor; lease registration."""
+
     def __init__(self, bookie_id: BookieId, net: SimNetwork, meta_state: MemoryMetadataState,
-                 config: BookieConfig) -> None:
+                 config: BookieConfig, fsync_s: tuple[float, float] = (0.0001, 0.002)) -> None:
         self.id = bookie_id
         self.net = net
         self.meta_state = meta_state
         self.config = config
-        self.disk = SimDisk()
+        self.fs = SimFileSystem(random.Random(net.rng.getrandbits(64)))
+        self.offload = InlineOffload(self.fs.rng, fsync_s)
+        """Every blocking call of the storage waits this long (virtual), then runs inline."""
         self.up = False
-        self.storage: SimStorage | None = None
+        self.storage: LedgerStorage | None = None
         self.processor: RequestProcessor | None = None
         self.listener: BookieListener | None = None
         self.registration: Registration | None = None
         self.restarts = 0
 
     async def start(self) -> None:
-        self.storage = SimStorage(self.disk, self.config, self.net.rng)
-        self.processor = RequestProcessor(self.storage, self.id)
+        root = Path("/") / self.id.replace(":", "_")
+        self.storage = await LedgerStorage.open(
+            root / "journal", root / "ledgers", self.config, log=_QUIET_LOG, clock=LOOP_CLOCK,
+            io=self.fs.mount(), offload=self.offload)
+        self.processor = RequestProcessor(self.storage, self.id, log=_QUIET_LOG)
         self.listener = BookieListener(self.processor, frame_bytes_max=self.config.frame_bytes_max,
                                        write_buffer_bytes_high=1 << 30, connections_max=10_000)
         processor = self.processor
@@ -464,16 +306,25 @@ class SimBookie:
         assert self.listener is not None
         return ServerConnection(self.listener)
 
+    def stored_entries(self, ledger_id: int) -> set[int]:
+        """The entry ids of ``ledger_id`` the storage holds (indexed, so readable)."""
+        if self.storage is None:
+            return set()
+        return set(self.storage.entry_ids(ledger_id))
+
     async def crash(self, torn: bool) -> None:
-        """SIGKILL: links reset, unsynced data lost, lease left to expire."""
+        """SIGKILL and power cut: links reset; the disks lose what was not synced
+        (``torn``: keep a random part of it); the lease is left to expire."""
         self.up = False
         self.net.reset_links(self.id)
-        if self.storage is not None:
-            self.storage.crash(torn)
+        self.fs.crash(torn)
         if self.registration is not None:
             await self.registration.abandon()
         if self.processor is not None:
             await self.processor.close()
+        if self.storage is not None:
+            # The process is gone: its storage's tasks end, its calls fail (dead mount).
+            await self.storage.abort()
 
     async def restart(self) -> None:
         self.restarts += 1
@@ -486,10 +337,26 @@ class SimBookie:
             await self.registration.close()
         if self.processor is not None:
             await self.processor.close()
+        if self.storage is not None:
+            await self.storage.close()
 
 
-__all__ = ["SimBookie", "SimDisk", "SimEventLoop", "SimNetwork", "SimStorage",
-           "SimulationStalled"]
+class _QuietLog:
+    """A logger that drops everything (structlog's cost per call adds up over seeds)."""
+
+    def bind(self, **_kw: Any) -> _QuietLog:
+        return self
+
+    def _drop(self, *_a: Any, **_kw: Any) -> None:
+        return None
+
+    debug = info = warning = error = exception = _drop
+
+
+_QUIET_LOG = _QuietLog()
+
+
+__all__ = ["SimBookie", "SimEventLoop", "SimNetwork", "SimulationStalled"]
 
 
 # --------------------------------------------------------------------------- cluster
@@ -539,7 +406,7 @@ class SimCluster:
         self.net = SimNetwork(loop, self.rng, latency_s)
         self.history: list[Any] = []
         self.bookie_config = bookie_config or BookieConfig(
-            lease_ttl_s=3, journal_queue_entries_max=4096).validate()
+            lease_ttl_s=3, journal_queue_entries_max=4096, **SIM_STORAGE_CONFIG).validate()
         self.bookies = [SimBookie(f"b{i}:3181", self.net, self.state, self.bookie_config)
                         for i in range(bookies)]
         self.clients: list[Any] = []

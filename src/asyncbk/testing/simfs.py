@@ -22,7 +22,9 @@ wrote back part of the page cache, in order).
 
 Faults on demand: :meth:`SimFileSystem.fail_fsyncs` makes the next fdatasyncs raise
 ``EIO``; after such a failure the file's unsynced data is in an unknown state, here
-kept or lost (chosen by the RNG), never retried (Linux marks the pages clean).
+(chosen by the RNG) either durable after all or lost for good: the file's length
+reached the disk but not the bytes (zeros there after a crash), and no later fsync
+writes them (Linux marks the pages clean), though reads still see them (cached).
 :meth:`SimFileSystem.set_full` makes writes raise ``ENOSPC``.
 
 :class:`InlineOffload` is the :class:`~asyncbk.bookie.fileio.Offload` of a simulated
@@ -250,7 +252,10 @@ class SimMount:
             if f.unsynced and fs.rng.random() < 0.5:
                 f.durable = bytearray(f.data)  # written back after all
             else:
-                f.data = bytearray(f.durable)  # dropped: reads see the old content
+                # Lost: the size reached the disk, the pages did not (zeros there),
+                # and they never will (marked clean); reads still see them, cached.
+                for kind, at, data in f.unsynced:
+                    _apply(f.durable, (kind, at, bytes(len(data))))
             f.unsynced = []
             raise OSError(errno.EIO, "sim: fsync failed")
         if f.unsynced:

@@ -359,10 +359,9 @@ class _Run:
                     f"({holders}), fewer than Qa={md.ack_quorum}")
                 return
 
-    def _stored(self, bookie_id: str) -> dict[int, bytes]:
+    def _stored(self, bookie_id: str) -> set[int]:
         assert self.cluster is not None
-        ledger = self.cluster.bookie(bookie_id).disk.ledgers.get(self.ledger_id)
-        return ledger.entries if ledger is not None else {}
+        return self.cluster.bookie(bookie_id).stored_entries(self.ledger_id)
 
     def check_metadata(self) -> None:
         v = self.result.violations

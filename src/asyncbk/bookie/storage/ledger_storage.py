@@ -167,6 +167,14 @@ class LedgerStorage:
     def ledger_ids(self) -> list[int]:
         return list(self._ledgers)
 
+    def entry_ids(self, ledger_id: int) -> list[int]:
+        """The ids of the entries of ``ledger_id`` stored here (readable), in order."""
+        if ledger_id not in self._ledgers:
+            return []
+        index = self._index
+        return [e for e in range(index.last_entry_id(ledger_id) + 1)
+                if index.get(ledger_id, e) is not None]
+
     @property
     def config(self) -> BookieConfig:
         return self._config
