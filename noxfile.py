@@ -43,6 +43,16 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_index(session: nox.Session) -> None:
+    """The on-disk entry-index candidates (sqlite3, lmdb, rocksdict: writes beside a
+    journal, lookups, whole-ledger deletes, space, RSS, reopen); see
+    docs/index-candidates.md.  ``nox -s bench_index -- --entries 3000000``."""
+    session.install("-e", ".[bench]")
+    session.run("python", "benchmarks/index_candidates.py",
+                "--json", "bench-results/index_candidates.json", *session.posargs)
+
+
+@nox.session
 def bench_spark(session: nox.Session) -> None:
     """Spark reading asyncbk against Spark reading a local file, and streaming latency
     against Spark's socket source, in the same run (needs Java 17+).  ``nox -s bench_spark
