@@ -83,9 +83,11 @@ def nemesis(session: nox.Session) -> None:
 
 @nox.session
 def sim(session: nox.Session) -> None:
-    """Many more simulator seeds than the default test run (SIM_SEEDS, default 5000)."""
+    """Many more simulator seeds than the default test run: SIM_SEEDS (default 10000)
+    of each seeded simulation (the cluster runs of tests/sim/test_sim.py and the storage
+    crash runs of tests/sim/test_storage_crashes.py), all over the real bookie storage."""
     session.install("-e", ".[test]")
-    session.env.setdefault("SIM_SEEDS", "5000")
+    session.env.setdefault("SIM_SEEDS", "10000")
     session.env["PYTHONHASHSEED"] = "0"
     session.run("pytest", "tests/sim", "-q", *session.posargs)
 

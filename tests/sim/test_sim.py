@@ -1,7 +1,8 @@
 """Seeded simulations of writers, recoverers and readers over faulty bookies.
 
-The default run checks SIM_SEEDS seeds (500 unless the environment says more);
-``nox -s sim`` runs many more.  A failure names its seed and prints the event
+The default run checks SIM_SEEDS seeds (500 unless the environment says more; with
+the 500 of test_storage_crashes.py, 1,000 in all); ``nox -s sim`` runs 10,000.  The
+bookies run the real storage on simulated disks (asyncbk.testing.simfs).  A failure names its seed and prints the event
 trace; ``python -m asyncbk.testing.simulation --seed N -v`` replays it.
 """
 

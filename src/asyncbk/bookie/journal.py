@@ -368,6 +368,8 @@ class Journal:
                     reason = "queue_empty"
                 else:
                     reason = await self._wait_for_group()
+                if not q:  # failed from outside (fail) while waiting for a group
+                    continue
                 if not await self._flush(reason):
                     return
         except asyncio.CancelledError:
@@ -383,6 +385,8 @@ class Journal:
         assert loop is not None
         q = self._queue
         while True:
+            if not q:
+                return "close"
             if len(q) >= self._entries_max:
                 return "entries"
             if self._queued_bytes >= self._bytes_max:
@@ -431,6 +435,8 @@ class Journal:
         except Exception as exc:
             self._set_failed(exc)
             return False
+        if self._failed is not None:  # failed from outside (fail) meanwhile: futures failed
+            return False
         try:
             if self._sink is not None:
                 self._sink.apply_on_loop(items, result.sink_result)
@@ -462,6 +468,13 @@ class Journal:
         if self._space_waiters and self._pending < self._low_water:
             self._wake_space_waiters()
         return True
+
+    def fail(self, exc: BaseException) -> None:
+        """Fail the journal from outside, as a failed fsync of its own would: what is
+        queued fails, every later append raises (the storage behind it could no longer
+        keep what the journal acknowledges; a restart replays the journal)."""
+        self._set_failed(exc)
+        self._wakeup.set()
 
     def _set_failed(self, exc: BaseException) -> None:
         if self._failed is None:

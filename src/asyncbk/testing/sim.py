@@ -47,7 +47,6 @@ from ..net.server import BookieListener, ServerConnection
 from ..types import BookieId
 from .simfs import InlineOffload, SimFileSystem
 
-
 SIM_STORAGE_CONFIG: dict[str, Any] = {
     "journal_file_bytes_max": 16 * 1024,
     "entry_log_bytes_max": 16 * 1024,
@@ -341,10 +340,10 @@ class SimBookie:
             await self.storage.close()
 
 
-class _QuietLog:
+class QuietLog:
     """A logger that drops everything (structlog's cost per call adds up over seeds)."""
 
-    def bind(self, **_kw: Any) -> _QuietLog:
+    def bind(self, **_kw: Any) -> QuietLog:
         return self
 
     def _drop(self, *_a: Any, **_kw: Any) -> None:
@@ -353,7 +352,7 @@ class _QuietLog:
     debug = info = warning = error = exception = _drop
 
 
-_QUIET_LOG = _QuietLog()
+_QUIET_LOG = QuietLog()
 
 
 __all__ = ["SimBookie", "SimEventLoop", "SimNetwork", "SimulationStalled"]

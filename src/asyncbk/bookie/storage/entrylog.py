@@ -103,10 +103,14 @@ class _EntryLogWriter:
         """File descriptors a checkpoint must fdatasync before its mark is written:
         the logs finished since the last checkpoint (handed over) and duplicates of
         the current log and index (the caller closes them all)."""
-        fds, self._unsynced = self._unsynced, []
-        fds.append(self.io.dup(self._fd))
-        fds.append(self.io.dup(self._index_fd))
-        return fds
+        log_fd = self.io.dup(self._fd)
+        try:
+            index_fd = self.io.dup(self._index_fd)
+        except BaseException:
+            self.io.close(log_fd)
+            raise
+        fds, self._unsynced = self._unsynced, []  # handed over only once nothing can fail
+        return [*fds, log_fd, index_fd]
 
     def close(self) -> None:
         fds, self._unsynced = self._unsynced, []

@@ -424,11 +424,14 @@ class LedgerStorage:
         try:
             async with self._checkpoint_lock:  # a checkpoint must not miss a handed-over log
                 fds = await self._journal.run_in_writer(self._writer.take_for_sync)
-                await self._offload.run(_sync_and_close, self._io, fds)
+                try:
+                    await self._offload.run(_sync_and_close, self._io, fds)
+                except OSError as exc:
+                    self._sync_failed(exc)
+                    return
                 self._entry_log_flushes += 1
-        except (BookieIOError, OSError) as exc:
-            self._log.warning("entry log flush failed (the next checkpoint retries)",
-                              error=repr(exc))
+        except (BookieIOError, OSError) as exc:  # nothing synced: the next checkpoint does
+            self._log.warning("entry log flush not done", error=repr(exc))
         finally:
             self._flush_task = None
 
@@ -452,12 +455,27 @@ class LedgerStorage:
                 return
             # The slow part (fdatasync of the entry logs and index, the checkpoint file,
             # journal file removal) runs off the writer thread: adds keep committing.
-            await self._offload.run(self._checkpoint_write, work)
+            try:
+                await self._offload.run(self._checkpoint_write, work)
+            except OSError as exc:
+                self._sync_failed(exc)
+                raise BookieIOError(f"checkpoint failed: {exc}") from exc
             self._last_checkpoint_key = work.key
             elapsed = time.perf_counter() - t0
             self._checkpoints += 1
             self._checkpoint_s_last = elapsed
             self._checkpoint_s_max = max(self._checkpoint_s_max, elapsed)
+
+    def _sync_failed(self, exc: OSError) -> None:
+        """An fsync (or another write) making entry logs, index or checkpoint durable
+        failed.  Its data may be lost for good while reads still see it (after a failed
+        fsync the kernel marks the pages clean: a retry succeeds having written
+        nothing), so no later checkpoint may cover it and trim the journal that holds
+        the only durable copy: the journal is failed, nothing more is acknowledged,
+        and a restart replays the journal from the last good checkpoint."""
+        self._log.error("storage sync failed: no more checkpoints or adds until restart",
+                        error=repr(exc))
+        self._journal.fail(BookieIOError(f"storage sync failed: {exc}"))
 
     def _checkpoint_capture(self, lacs: dict[int, int], now_ms: int) -> _CheckpointWork | None:
         """Writer thread, between batches: where the checkpoint stands (cheap).
