@@ -2,8 +2,7 @@
 
 :class:`Storage` is what the request processor, the garbage collector and the
 server use of :class:`~.ledger_storage.LedgerStorage`; :class:`RequestStorage`
-is the part the request processor needs (all the simulator's ``SimStorage``
-implements).
+is the part the request processor needs (a test double need implement no more).
 """
 
 from __future__ import annotations
