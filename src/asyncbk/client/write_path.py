@@ -235,10 +235,11 @@ class WritePath:
                 entry.sent = True
                 sends.extend((entry.entry_id, p) for p in self.write_set(entry.entry_id)
                              if p not in self.degraded)
+        lac = self._piggyback_lac() if sends else -1  # (before what completes now)
         completed = self._complete()
         if not sends:
             return Effects(completed=completed) if completed else NOTHING
-        return Effects(sends=tuple(sends), lac=self._piggyback_lac(), completed=completed)
+        return Effects(sends=tuple(sends), lac=lac, completed=completed)
 
     def fail_all(self) -> tuple[int, ...]:
         """The handle failed: the entries still pending (each fails); later events are
