@@ -260,11 +260,13 @@ class LedgerHandle(ReadHandle):
         if self._error is not None or self._closing_done():
             return
         writes = self._writes
+        if isinstance(result, AddResponse) and result.status == Status.OK:
+            effects = writes.ack(entry_id, position, bookie)
+            if effects is not NOTHING:
+                self._apply(effects)
+            return
         if not writes.is_current(position, bookie):
             return  # that position was given to another bookie since: stale answer
-        if isinstance(result, AddResponse) and result.status == Status.OK:
-            self._apply(writes.ack(entry_id, position, bookie))
-            return
         # A failure of an entry that completed without this bookie still means the
         # bookie must be replaced, or later entries would run short of replicas.
         pending = writes.is_pending(entry_id)

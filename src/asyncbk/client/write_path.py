@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from ..errors import invariant
 from ..types import BookieId
-from .quorum import AckSet, stores_entry, write_set
+from .quorum import AckSet, write_set
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,16 +152,18 @@ class WritePath:
 
     def ack(self, entry_id: int, position: int, bookie: BookieId) -> Effects:
         """``bookie`` at ``position`` made ``entry_id`` durable."""
-        if self.halted or not self.is_current(position, bookie):
-            return NOTHING
-        entry = self._entry(entry_id)
-        if entry is None:
+        # (the hot path: one call per bookie per entry, so written out)
+        pending = self._pending
+        if self.halted or self.ensemble[position] != bookie or not pending:
+            return NOTHING  # halted, stale (replaced since), or nothing pending
+        index = entry_id - pending[0].entry_id
+        if not 0 <= index < len(pending):
             return NOTHING  # complete already: a late acknowledgement
-        if not stores_entry(position, entry_id, len(self.ensemble), self.write_quorum):
+        if (position - entry_id) % len(self.ensemble) >= self.write_quorum:
             invariant(False, f"ack of entry {entry_id} from position {position}, "
                       "not in its write set")
-        entry.acks.ack(position)
-        if self.changing or entry is not self._pending[0]:
+        pending[index].acks.ack(position)
+        if self.changing or index:
             return NOTHING
         return Effects(completed=self._complete())
 
