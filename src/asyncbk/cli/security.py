@@ -25,8 +25,6 @@ def add_client_security_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--auth-token-file", metavar="FILE",
                    help=f"a file holding the token bookies ask for (default: the "
                    f"environment variable {TOKEN_ENV}, if set)")
-
-
     add_etcd_security_options(p)
 
 
