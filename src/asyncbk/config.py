@@ -57,6 +57,9 @@ class BookieConfig:
     """fdatasync the entry log (in the background) after this many bytes were added to
     it, so a checkpoint never has to flush much at once (0: only at checkpoints)."""
     checkpoint_interval_s: float = 10.0
+    index_backend: str = "memory"
+    """Where the entry index lives: ``"memory"`` (rebuilt from ``index.log`` at start)
+    or ``"lmdb"`` (on disk, bounded memory; a memory-backend dir is migrated)."""
 
     # garbage collection and compaction (see asyncbk.bookie.gc)
     gc_interval_s: float = 60.0
@@ -155,6 +158,9 @@ class BookieConfig:
             raise ConfigError("gc_tombstone_s must be >= 0")
         if self.compaction_rate_bytes_per_s < 0:
             raise ConfigError("compaction_rate_bytes_per_s must be >= 0")
+        if self.index_backend not in ("memory", "lmdb"):
+            raise ConfigError(f"index_backend must be \"memory\" or \"lmdb\", "
+                              f"not {self.index_backend!r}")
         if self.entry_log_flush_bytes < 0:
             raise ConfigError("entry_log_flush_bytes must be >= 0")
         if self.entry_log_bytes_max >= 1 << 32:

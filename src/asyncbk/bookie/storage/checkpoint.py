@@ -25,6 +25,10 @@ from .entrylog import ENTRYLOG_DIR, _EntryLogWriter, _sync_and_close
 
 CHECKPOINT_FILE = "checkpoint"
 CHECKPOINT_VERSION = 1
+"""The version a checkpoint of a bookie with the in-memory index has."""
+CHECKPOINT_VERSION_KV = 2
+"""The version with the on-disk index (``"index": "lmdb"``): older code refuses it
+instead of starting with no index."""
 _CHECKSUM = struct.Struct("<Q")
 
 
@@ -43,6 +47,8 @@ class _CheckpointWork:
     key: tuple[Any, ...]
     payload: dict[str, Any]
     fds: list[int]
+    kv: Any = None
+    """The on-disk index to sync before the checkpoint is written (None: index.log)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +113,8 @@ def read_checkpoint(ledger_dir: Path, io: FileIO = OS_FILE_IO) -> dict[str, Any]
         payload = msgpack.unpackb(data, raw=False)
     except Exception as exc:  # msgpack raises several types
         raise BookieIOError(f"{path}: checkpoint is not msgpack ({type(exc).__name__})") from None
-    if not isinstance(payload, dict) or payload.get("version") != CHECKPOINT_VERSION:
+    if not isinstance(payload, dict) or payload.get("version") not in (
+            CHECKPOINT_VERSION, CHECKPOINT_VERSION_KV):
         raise BookieIOError(f"{path}: unsupported checkpoint")
     if not _checkpoint_well_formed(payload):
         raise BookieIOError(f"{path}: malformed checkpoint")
@@ -149,11 +156,12 @@ def _write_checkpoint(ledger_dir: Path, payload: dict[str, Any],
 
 def _capture(position: tuple[int, int], writer: _EntryLogWriter, durable: _DurableState,
              lacs: dict[int, int], now_ms: int, tombstone_s: float,
-             last_key: tuple[Any, ...] | None) -> _CheckpointWork | None:
+             last_key: tuple[Any, ...] | None, kv: Any = None) -> _CheckpointWork | None:
     """Writer thread, between batches: what a checkpoint at journal ``position``
     records, None if that is what the last one (``last_key``) recorded.  ``lacs``: the
     loop's LACs, merged in; ``now_ms``: the clock's wall time when the checkpoint
-    began (tombstones older than ``tombstone_s`` are dropped)."""
+    began (tombstones older than ``tombstone_s`` are dropped); ``kv``: the on-disk
+    index (synced before the checkpoint is written), None with index.log."""
     seq, offset = position
     key = (seq, offset, writer.log_id, writer.length, writer.index_length, lacs)
     if key == last_key:
@@ -169,7 +177,8 @@ def _capture(position: tuple[int, int], writer: _EntryLogWriter, durable: _Durab
     for ledger_id in [lid for lid, ms in tombstones.items() if ms <= expired_before]:
         del tombstones[ledger_id]
     payload = {
-        "version": CHECKPOINT_VERSION,
+        "version": CHECKPOINT_VERSION if kv is None else CHECKPOINT_VERSION_KV,
+        "index": "memory" if kv is None else "lmdb",
         "journal_seq": seq,
         "journal_offset": offset,
         "entry_log_id": writer.log_id,
@@ -178,11 +187,13 @@ def _capture(position: tuple[int, int], writer: _EntryLogWriter, durable: _Durab
         "ledgers": ledgers,
         "tombstones": [[lid, ms] for lid, ms in tombstones.items()],
     }
-    return _CheckpointWork(key, payload, writer.take_for_sync())
+    return _CheckpointWork(key, payload, writer.take_for_sync(), kv)
 
 
 def _make_durable(io: FileIO, work: _CheckpointWork, ledger_dir: Path) -> None:
     """A worker thread: make the captured state durable, then write the mark."""
     _sync_and_close(io, work.fds)
     io.fsync_dir(ledger_dir / ENTRYLOG_DIR)  # entry logs created since the last one
+    if work.kv is not None:
+        work.kv.sync()  # every index commit up to the mark (and maybe more) durable
     _write_checkpoint(ledger_dir, work.payload, io)

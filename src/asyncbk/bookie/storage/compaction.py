@@ -27,6 +27,7 @@ from .entrylog import (
     entry_log_name,
 )
 from .index import EntryIndex, Location
+from .kvindex import KVEntryIndex
 
 COMPACTION_CHUNK_BYTES = 4 * 1024 * 1024
 COMPACTION_READ_GRACE_S = 0.5
@@ -40,7 +41,7 @@ class EntryLogCompactor:
     ``live`` (live bytes of each entry log), and takes its checkpoints.
     """
 
-    def __init__(self, *, entrylog_dir: Path, index: EntryIndex, writer: _EntryLogWriter,
+    def __init__(self, *, entrylog_dir: Path, index: EntryIndex | KVEntryIndex, writer: _EntryLogWriter,
                  reader: _EntryLogReader, journal: Journal, read_pool: Worker,
                  live: dict[int, int], checkpoint: Callable[[], Awaitable[None]],
                  clock: Clock, log: Any, io: FileIO) -> None:
@@ -129,12 +130,24 @@ class EntryLogCompactor:
                 olds.append(loc)
             del view
             if raws:
-                result = await self._journal.run_in_writer(self._writer.append, raws, items)
-                self._relocate(olds, result)
+                if isinstance(self._index, KVEntryIndex):
+                    delta = await self._journal.run_in_writer(
+                        self._move_in_writer, self._index, raws, items, olds)
+                    for moved_log, change in delta.items():
+                        self._live[moved_log] = self._live.get(moved_log, 0) + change
+                else:
+                    result = await self._journal.run_in_writer(self._writer.append, raws, items)
+                    self._relocate(olds, result)
                 moved += sum(len(r) for r in raws)
             offset += good
             await pacer.acquire(good)
         return moved
+
+    def _move_in_writer(self, index: KVEntryIndex, raws: list[bytes],
+                        items: list[tuple[int, int, Any]], olds: list[Location]
+                        ) -> dict[int, int]:
+        """Writer thread (on-disk index): copy, then re-point in one transaction."""
+        return index.relocate(olds, self._writer.append(raws, items))
 
     def _relocate(self, olds: list[Location], result: list[tuple[int, int, Location]]) -> None:
         """Point moved entries at their new place, unless they changed meanwhile."""
@@ -143,6 +156,6 @@ class EntryLogCompactor:
         for old, (ledger_id, entry_id, new) in zip(olds, result, strict=True):
             if index.get(ledger_id, entry_id) != old:
                 continue  # deleted or overwritten while being moved: the copy is garbage
-            index.put(ledger_id, entry_id, new)
+            index.put(ledger_id, entry_id, new)  # type: ignore[union-attr]
             live[new[0]] = live.get(new[0], 0) + new[2]
             live[old[0]] -= old[2]

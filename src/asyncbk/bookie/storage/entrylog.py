@@ -18,7 +18,7 @@ from typing import Any
 from ...errors import BookieIOError
 from ..fileio import OS_FILE_IO, FileIO
 from ..journal_format import HEADER_BYTES, AddRecord, decode_one, record_size_at
-from .index import INDEX_RECORD, RECORD_SPAN_MAX, Location
+from .index import INDEX_DELETED, INDEX_RECORD, RECORD_SPAN_MAX, Location
 
 ENTRYLOG_DIR = "entrylog"
 
@@ -38,8 +38,9 @@ def _parse_entry_log_name(name: str) -> int | None:
 
 
 class _EntryLogWriter:
-    """Appends ADD records to entry logs and index.log.  Used by one thread at a
-    time: the recovery thread during open, then the journal's writer thread."""
+    """Appends ADD records to entry logs and index.log (``index_fd`` -1: none, the
+    index is on disk).  Used by one thread at a time: the recovery thread during
+    open, then the journal's writer thread."""
 
     def __init__(self, io: FileIO, directory: Path, bytes_max: int, log_id: int, fd: int,
                  length: int, index_fd: int, index_length: int) -> None:
@@ -85,8 +86,16 @@ class _EntryLogWriter:
             return
         self.io.write(self._fd, pieces[0] if len(pieces) == 1 else b"".join(pieces))
         self.length = end
-        self.io.write(self._index_fd, b"".join(index))
-        self.index_length += INDEX_RECORD.size * len(index)
+        if self._index_fd >= 0:
+            self.io.write(self._index_fd, b"".join(index))
+            self.index_length += INDEX_RECORD.size * len(index)
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        """Record a ledger's deletion in index.log (if there is one): loading it forgets
+        the ledger's earlier records, so a re-created ledger never gets them back."""
+        if self._index_fd >= 0:
+            self.io.write(self._index_fd, INDEX_RECORD.pack(ledger_id, INDEX_DELETED, 0, 0, 0))
+            self.index_length += INDEX_RECORD.size
 
     def _rotate(self) -> None:
         # The finished log is made durable by the next checkpoint (the only thing that
@@ -105,12 +114,12 @@ class _EntryLogWriter:
         the current log and index (the caller closes them all)."""
         log_fd = self.io.dup(self._fd)
         try:
-            index_fd = self.io.dup(self._index_fd)
+            index_fds = [self.io.dup(self._index_fd)] if self._index_fd >= 0 else []
         except BaseException:
             self.io.close(log_fd)
             raise
         fds, self._unsynced = self._unsynced, []  # handed over only once nothing can fail
-        return [*fds, log_fd, index_fd]
+        return [*fds, log_fd, *index_fds]
 
     def close(self) -> None:
         fds, self._unsynced = self._unsynced, []

@@ -39,12 +39,24 @@ from .api import LedgerInfo
 from .checkpoint import _apply_op, _capture, _CheckpointWork, _make_durable
 from .compaction import EntryLogCompactor
 from .entrylog import ENTRYLOG_DIR, _EntryLogReader, _sync_and_close
-from .index import EntryIndex, Location
-from .recovery import _recover, _Recovered
+from .index import INDEX_FILE, EntryIndex, Location
+from .kvindex import IndexOp, KVEntryIndex
+from .recovery import KVOpener, _recover, _Recovered
 
 READ_THREADS = 4
 """Threads serving ``pread`` for reads (and start-up recovery)."""
 DISK_USAGE_REFRESH_S = 1.0
+
+
+_BatchApplied = tuple[list[tuple[int, int, Location, Any]], list[int], dict[int, int] | None]
+"""What :meth:`LedgerStorage.apply_in_writer` hands the loop: the adds written
+``(ledger, entry, location, the LedgerInfo they were added to)``, the ledgers
+deleted, and (on-disk index) the change of each entry log's live bytes."""
+
+
+def _remove_index_log(io: FileIO, ledger_dir: Path) -> None:
+    io.unlink(ledger_dir / INDEX_FILE, missing_ok=True)
+    io.fsync_dir(ledger_dir)
 
 
 def _wall_ms(clock: Clock) -> int:
@@ -80,7 +92,9 @@ class LedgerStorage:
         self._tombstones = dict(recovered.durable.tombstones)
         """Loop-side copy of the deleted ledgers' tombstones (see _DurableState)."""
         self._ledgers = recovered.ledgers
-        self._index: EntryIndex = recovered.index
+        self._index: EntryIndex | KVEntryIndex = recovered.index
+        self._kv_index = recovered.kv_index
+        """The on-disk index (written on the writer thread), None: the in-memory one."""
         self._reader = _EntryLogReader(ledger_dir / ENTRYLOG_DIR, io)
         self._recovery_stats = recovered.stats
         self._journal = Journal(journal_dir, config, first_seq=recovered.next_seq, sink=self,
@@ -103,8 +117,11 @@ class LedgerStorage:
         self._ledgers_deleted = 0
         self._log_live: dict[int, int] = {}
         """Live (indexed) bytes of each entry log, kept as entries come and go."""
-        for log_id, _, length in self._index.locations():
-            self._log_live[log_id] = self._log_live.get(log_id, 0) + length
+        if self._kv_index is not None:
+            self._log_live.update(self._kv_index.live_bytes())
+        else:
+            for log_id, _, length in self._index.locations():
+                self._log_live[log_id] = self._log_live.get(log_id, 0) + length
         self._checkpoints_skipped = 0
         self._checkpoint_s_last = 0.0
         self._checkpoint_s_max = 0.0
@@ -117,10 +134,12 @@ class LedgerStorage:
     @classmethod
     async def open(cls, journal_dir: Path, ledger_dir: Path, config: BookieConfig, *,
                    log: Any = None, clock: Clock | None = None, io: FileIO = OS_FILE_IO,
-                   offload: Offload = THREAD_OFFLOAD) -> LedgerStorage:
+                   offload: Offload = THREAD_OFFLOAD,
+                   kv_open: KVOpener | None = None) -> LedgerStorage:
         """Create sub-dirs if needed, load the last checkpoint, replay the journal
         after it (cutting a torn/garbage tail), then start the journal writer.
-        Blocking file work runs off the loop (``offload``), on ``io``."""
+        Blocking file work runs off the loop (``offload``), on ``io``; ``kv_open``
+        opens the on-disk index (``index_backend = "lmdb"``; default: LMDB)."""
         journal_dir, ledger_dir = Path(journal_dir), Path(ledger_dir)
         log = log if log is not None else get_logger(component="storage")
         clock = clock if clock is not None else SYSTEM_CLOCK
@@ -128,7 +147,7 @@ class LedgerStorage:
         read_pool = offload.worker("asyncbk-read", READ_THREADS)
         try:
             recovered = await read_pool.run(
-                _recover, journal_dir, ledger_dir, config, log, _wall_ms(clock), io)
+                _recover, journal_dir, ledger_dir, config, log, _wall_ms(clock), io, kv_open)
         except BaseException:
             # On cancellation the recovery thread may still be running: do not wait for it.
             read_pool.abandon()
@@ -138,6 +157,8 @@ class LedgerStorage:
         try:
             await self._journal.start()
             await self.checkpoint()
+            if recovered.remove_index_log:  # migrated: the checkpoint now names the KV
+                await read_pool.run(_remove_index_log, io, ledger_dir)
             self._disk_usage = await read_pool.run(io.disk_usage, ledger_dir)
         except BaseException:
             await self.abort()
@@ -242,8 +263,11 @@ class LedgerStorage:
         journal = self._journal
         if ledger_id not in self._ledgers:
             journal.ensure_room(2)
-            self._register(ledger_id, master_key)
-        fut = journal.append(record, (TYPE_ADD, ledger_id, entry_id))
+            info = self._register(ledger_id, master_key)
+        else:
+            info = self._ledgers[ledger_id]
+        # the LedgerInfo rides along: a ledger deleted and re-created meanwhile is another
+        fut = journal.append(record, (TYPE_ADD, ledger_id, entry_id, info))
         self._adds += 1
         return fut
 
@@ -337,38 +361,69 @@ class LedgerStorage:
 
     # --- journal sink (see journal.BatchSink) ---------------------------------
 
-    def apply_in_writer(self, records: list[bytes], items: list[Any]
-                        ) -> list[tuple[int, int, Location]]:
+    def apply_in_writer(self, records: list[bytes], items: list[Any]) -> _BatchApplied:
         """Writer thread, after the batch's fsync: copy ADD records to the entry
-        log + index, apply the other records to the durable ledger state."""
+        log + index (the on-disk one: one transaction), apply the other records to
+        the durable ledger state, all in journal order (a deletion between adds of
+        its ledger stays between them)."""
+        writer = self._writer
+        kv_index = self._kv_index
+        ops: list[IndexOp] = []
+        added: list[tuple[int, int, Location, Any]] = []
+        deleted: list[int] = []
         add_records: list[bytes] = []
-        add_items: list[tuple[int, int, Any]] = []
+        add_items: list[Any] = []
         durable = self._durable
+
+        def flush() -> None:
+            if add_records:
+                for (ledger_id, entry_id, loc), item in zip(
+                        writer.append(add_records, add_items), add_items, strict=True):
+                    added.append((ledger_id, entry_id, loc, item[3]))
+                    if kv_index is not None:
+                        ops.append(("put", ledger_id, entry_id, loc))
+                add_records.clear()
+                add_items.clear()
+
         for record, item in zip(records, items, strict=True):
-            if item[0] == TYPE_ADD:
+            kind = item[0]
+            if kind == TYPE_ADD:
                 add_records.append(record)
                 add_items.append(item)
-            else:
-                _apply_op(durable, item[0], item[1], item[2])
-        if not add_records:
-            return []
-        return self._writer.append(add_records, add_items)
+                continue
+            if kind == TYPE_DELETE_LEDGER:
+                flush()
+                writer.delete_ledger(item[1])
+                ops.append(("del", item[1]))
+                deleted.append(item[1])
+            _apply_op(durable, kind, item[1], item[2])
+        flush()
+        live = kv_index.apply(ops) if kv_index is not None and ops else None
+        return added, deleted, live
 
-    def apply_on_loop(self, items: list[Any], result: list[tuple[int, int, Location]]) -> None:
+    def apply_on_loop(self, items: list[Any], result: _BatchApplied) -> None:
         """Loop, before the batch's futures resolve: make the new entries readable."""
+        added, deleted, live_delta = result
         index = self._index
+        kv_index = self._kv_index
         ledgers = self._ledgers
         live = self._log_live
         written = 0
-        for ledger_id, entry_id, loc in result:
+        if kv_index is not None:
+            for ledger_id in deleted:
+                kv_index.unhide(ledger_id)
+            for log_id, delta in (live_delta or {}).items():
+                live[log_id] = live.get(log_id, 0) + delta
+        for ledger_id, entry_id, loc, owner in added:
             written += loc[2]
             info = ledgers.get(ledger_id)
-            if info is None:
+            if info is None or info is not owner:
                 continue  # deleted while its add was being written: the copy is garbage
-            old = index.put(ledger_id, entry_id, loc)
-            live[loc[0]] = live.get(loc[0], 0) + loc[2]
-            if old is not None:
-                live[old[0]] -= old[2]
+            if kv_index is None:
+                old = index.put(ledger_id, entry_id, loc)  # type: ignore[union-attr]
+                live[loc[0]] = live.get(loc[0], 0) + loc[2]
+                if old is not None:
+                    live[old[0]] -= old[2]
             if entry_id > info.last_entry_id:
                 info.last_entry_id = entry_id
         flush_bytes = self._config.entry_log_flush_bytes
@@ -387,11 +442,11 @@ class LedgerStorage:
         journaled; its space is reclaimed when its entry logs are compacted."""
         self._check_open()
         info = self._ledgers.pop(ledger_id, None)
-        dropped = self._index.delete_ledger(ledger_id)
         if info is None:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             fut.set_result(None)
             return fut
+        dropped = self._index.delete_ledger(ledger_id)  # on disk: hidden until the writer
         live = self._log_live
         for log_id, _, length in dropped:
             live[log_id] -= length
@@ -484,7 +539,8 @@ class LedgerStorage:
         if journal.writer_failed:
             raise BookieIOError("journal failed: not checkpointing")
         return _capture(journal.position, self._writer, self._durable, lacs, now_ms,
-                        self._config.gc_tombstone_s, self._last_checkpoint_key)
+                        self._config.gc_tombstone_s, self._last_checkpoint_key,
+                        self._kv_index.kv if self._kv_index is not None else None)
 
     def _checkpoint_write(self, work: _CheckpointWork) -> None:
         """A worker thread: make the captured state durable, then write the mark."""
@@ -558,6 +614,8 @@ class LedgerStorage:
             # Waits for in-flight reads, so no fd is closed under a pread.
             await self._read_pool.shutdown()
             await self._offload.run(self._reader.close)
+            if self._kv_index is not None:
+                await self._offload.run(self._kv_index.kv.close)
             self._log.info("storage closed", graceful=graceful)
 
     # --- statistics -----------------------------------------------------------

@@ -4,17 +4,28 @@
 Read the checkpoint; cut ``index.log`` and the current entry log to the marked
 lengths and delete newer entry logs; load the index and the ledger state; replay
 the journal from the mark up to the first bad record, cutting the torn tail.
+
+With the on-disk index (``index_backend = "lmdb"``) there is no ``index.log``: the
+index is opened as it is (the last sync, at the checkpoint, or a later commit) and
+the replay re-puts the locations of the journal's adds after the mark and re-applies
+its deletions, in order (idempotent).  A ledger dir written with the in-memory
+index is *migrated*: its ``index.log`` prefix loaded into the emptied KV and synced;
+the checkpoint written at the end of open records the new format, and only then is
+``index.log`` removed (:attr:`_Recovered.remove_index_log`), so a crash at any step
+runs the migration again.  A dir on the on-disk index opened with
+``index_backend = "memory"`` is refused (ConfigError).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...config import BookieConfig
-from ...errors import BookieIOError
+from ...errors import BookieIOError, ConfigError
 from ..fileio import OS_FILE_IO, FileIO
 from ..journal import list_journal_files
 from ..journal_format import (
@@ -42,7 +53,12 @@ from .checkpoint import (
     read_checkpoint,
 )
 from .entrylog import ENTRYLOG_DIR, _EntryLogWriter, _parse_entry_log_name, entry_log_name
-from .index import INDEX_FILE, INDEX_RECORD, MemoryEntryIndex, load_index_records
+from .index import INDEX_FILE, INDEX_RECORD, EntryIndex, MemoryEntryIndex, index_log_ops
+from .kv import LMDB_DIR, IndexKV, open_lmdb
+from .kvindex import IndexOp, KVEntryIndex
+
+KVOpener = Callable[[Path], IndexKV]
+MIGRATE_BATCH_OPS = 65536
 
 REPLAY_CHUNK_BYTES = 8 * 1024 * 1024
 
@@ -52,9 +68,26 @@ class _Recovered:
     writer: _EntryLogWriter
     durable: _DurableState
     ledgers: dict[int, LedgerInfo]
-    index: MemoryEntryIndex
+    index: EntryIndex | KVEntryIndex
     next_seq: int
     stats: dict[str, Any] = field(default_factory=dict)
+    kv_index: KVEntryIndex | None = None
+    remove_index_log: bool = False
+    """Migrated (or a leftover): remove index.log once a checkpoint is written."""
+
+
+def _apply_index(index: EntryIndex | KVEntryIndex, ops: list[IndexOp]) -> None:
+    """Index operations, in order: one KV transaction, or the in-memory index."""
+    if not ops:
+        return
+    if isinstance(index, KVEntryIndex):
+        index.apply(ops)
+        return
+    for op in ops:
+        if op[0] == "put":
+            index.put(op[1], op[2], op[3])
+        else:
+            index.delete_ledger(op[1])
 
 
 def _open_at_length(io: FileIO, path: Path, length: int, what: str) -> int:
@@ -74,7 +107,7 @@ def _open_at_length(io: FileIO, path: Path, length: int, what: str) -> int:
 
 
 def _replay_file(io: FileIO, path: Path, start: int, writer: _EntryLogWriter,
-                 durable: _DurableState, index: MemoryEntryIndex,
+                 durable: _DurableState, index: EntryIndex | KVEntryIndex,
                  stats: dict[str, Any], now_ms: int) -> tuple[int, int]:
     """Replay one journal file from ``start``; returns (good end offset, file size)."""
     fd = io.open_read(path)
@@ -100,18 +133,26 @@ def _replay_file(io: FileIO, path: Path, start: int, writer: _EntryLogWriter,
                 view = memoryview(buf)
                 raws: list[memoryview] = []
                 items: list[tuple[int, int, Any]] = []
+                ops: list[IndexOp] = []
+                adds = 0
                 for i, (off, record) in enumerate(pairs):
                     if isinstance(record, AddRecord):
                         end = pairs[i + 1][0] if i + 1 < len(pairs) else good
                         raws.append(view[off:end])
                         items.append((TYPE_ADD, record.ledger_id, record.entry_id))
-                    else:
-                        _apply_replayed(durable, record, now_ms)
-                for ledger_id, entry_id, loc in writer.append(raws, items):
-                    index.put(ledger_id, entry_id, loc)
+                        continue
+                    if isinstance(record, DeleteLedgerRecord):  # in order with the adds
+                        ops.extend(("put", *r) for r in writer.append(raws, items))
+                        adds += len(items)
+                        raws, items = [], []
+                        writer.delete_ledger(record.ledger_id)
+                        ops.append(("del", record.ledger_id))
+                    _apply_replayed(durable, record, now_ms)
+                ops.extend(("put", *r) for r in writer.append(raws, items))
+                _apply_index(index, ops)
                 stats["records_replayed"] += len(pairs)
-                stats["adds_replayed"] += len(items)
-                del raws, view
+                stats["adds_replayed"] += adds + len(items)
+                del raws, view, ops
                 buf = buf[good:]
                 base += good
             if eof:
@@ -139,9 +180,11 @@ def _apply_replayed(durable: _DurableState, record: Record, now_ms: int) -> None
 
 
 def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any,
-             now_ms: int, io: FileIO = OS_FILE_IO) -> _Recovered:
+             now_ms: int, io: FileIO = OS_FILE_IO, kv_open: KVOpener | None = None
+             ) -> _Recovered:
     """Everything :meth:`.LedgerStorage.open` does before the journal starts (a thread).
-    ``now_ms``: the clock's wall time, for the tombstones of replayed deletions."""
+    ``now_ms``: the clock's wall time, for the tombstones of replayed deletions;
+    ``kv_open``: opens the on-disk index (default LMDB) with ``index_backend = "lmdb"``."""
     t0 = time.perf_counter()  # performance timer: only reported (recovery_s)
     entrylog_dir = ledger_dir / ENTRYLOG_DIR
     for directory in (journal_dir, ledger_dir, entrylog_dir):
@@ -163,6 +206,13 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
         for ledger_id, master_key, fenced, lac, explicit_lac in payload["ledgers"]:
             durable[ledger_id] = _DurableLedger(master_key, fenced, explicit_lac, lac)
 
+    on_disk = config.index_backend == "lmdb"
+    kv_marked = payload is not None and payload.get("index") == "lmdb"
+    if kv_marked and not on_disk:
+        raise ConfigError(f"{ledger_dir} keeps its entry index in {LMDB_DIR}: set "
+                          f'index_backend = "lmdb" (the memory index cannot read it)')
+    migrate = on_disk and payload is not None and not kv_marked
+
     # Entry logs and index: keep exactly what the checkpoint covers.
     for name, _size in sorted(io.list_dir(entrylog_dir)):
         log_id = _parse_entry_log_name(name)
@@ -170,30 +220,69 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
             io.unlink(entrylog_dir / name)
     log_fd = _open_at_length(io, entrylog_dir / entry_log_name(mark.entry_log_id),
                              mark.entry_log_length, "entry log")
+    index_log_left = on_disk and any(name == INDEX_FILE for name, _ in io.list_dir(ledger_dir))
+    index_fd = -1
+    data = b""
     try:
-        index_fd = _open_at_length(io, ledger_dir / INDEX_FILE, mark.index_length, "index")
+        if not on_disk or migrate:
+            index_fd = _open_at_length(io, ledger_dir / INDEX_FILE, mark.index_length, "index")
     except BaseException:
         io.close(log_fd)
         raise
+    try:
+        if index_fd >= 0:
+            if mark.index_length % INDEX_RECORD.size:
+                raise BookieIOError(
+                    f"index length {mark.index_length} is not a whole number of records")
+            data = io.pread(index_fd, mark.index_length, 0) if mark.index_length else b""
+            if len(data) != mark.index_length:
+                raise BookieIOError("short read of the index")
+        if on_disk and index_fd >= 0:
+            io.close(index_fd)
+            index_fd = -1
+    except BaseException:
+        io.close(log_fd)
+        if index_fd >= 0:
+            io.close(index_fd)
+        raise
     writer = _EntryLogWriter(io, entrylog_dir, config.entry_log_bytes_max, mark.entry_log_id,
-                             log_fd, mark.entry_log_length, index_fd, mark.index_length)
+                             log_fd, mark.entry_log_length, index_fd,
+                             0 if on_disk else mark.index_length)
+    kv: IndexKV | None = None
+    stats: dict[str, Any] = {"records_replayed": 0, "adds_replayed": 0, "bytes_cut": 0,
+                             "journal_files_removed": 0, "journal_files_replayed": 0}
     try:
         io.fsync_dir(entrylog_dir)
         io.fsync_dir(ledger_dir)
-        if mark.index_length % INDEX_RECORD.size:
-            raise BookieIOError(f"index length {mark.index_length} is not a whole number of records")
-        index = MemoryEntryIndex()
-        data = io.pread(index_fd, mark.index_length, 0) if mark.index_length else b""
-        if len(data) != mark.index_length:
-            raise BookieIOError("short read of the index")
-        load_index_records(index, data, mark.entry_log_id)
+        index: EntryIndex | KVEntryIndex
+        if on_disk:
+            kv = (kv_open or open_lmdb)(ledger_dir / LMDB_DIR)
+            index = KVEntryIndex(kv)
+            if not kv_marked:  # migrating, or no checkpoint yet: rebuilt from scratch
+                kv.clear()
+                index.count = 0
+            else:  # what the commits after the mark placed: the replay re-puts it
+                stats["index_entries_cut"] = index.truncate(mark.entry_log_id,
+                                                            mark.entry_log_length)
+            if migrate:
+                ops: list[IndexOp] = []
+                for op in index_log_ops(data, mark.entry_log_id):
+                    ops.append(op)
+                    if len(ops) >= MIGRATE_BATCH_OPS:
+                        index.apply(ops)
+                        ops = []
+                index.apply(ops)
+                kv.sync()
+                stats["index_migrated_records"] = len(data) // INDEX_RECORD.size
+                log.warning("index.log migrated to the on-disk index",
+                            records=stats["index_migrated_records"])
+        else:
+            index = MemoryEntryIndex()
+            _apply_index(index, list(index_log_ops(data, mark.entry_log_id)))
         del data
-        indexed = len(index)
+        stats["entries_indexed"] = len(index)
 
         # Journal: replay from the mark, cut at the first bad record.
-        stats: dict[str, Any] = {"records_replayed": 0, "adds_replayed": 0, "bytes_cut": 0,
-                                 "journal_files_removed": 0, "journal_files_replayed": 0,
-                                 "entries_indexed": indexed}
         files = list_journal_files(journal_dir, io)
         removed_any = False
         for seq, path in files:
@@ -240,8 +329,8 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
 
         ledgers: dict[int, LedgerInfo] = {}
         deleted = [ledger_id for ledger_id in index.ledger_ids() if ledger_id not in durable]
-        for ledger_id in deleted:  # garbage collected: its index records are stale
-            index.delete_ledger(ledger_id)
+        # garbage collected: its index records are stale
+        _apply_index(index, [("del", ledger_id) for ledger_id in deleted])
         stats["deleted_ledgers_dropped"] = len(deleted)
         for ledger_id, d in durable.items():
             ledgers[ledger_id] = LedgerInfo(
@@ -250,6 +339,10 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
             )
     except BaseException:
         writer.close()
+        if kv is not None:
+            kv.close()
         raise
     stats["recovery_s"] = time.perf_counter() - t0
-    return _Recovered(writer, durable, ledgers, index, next_seq, stats)
+    kv_index = index if isinstance(index, KVEntryIndex) else None
+    return _Recovered(writer, durable, ledgers, index, next_seq, stats, kv_index,
+                      remove_index_log=migrate or index_log_left)
