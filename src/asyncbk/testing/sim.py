@@ -46,6 +46,7 @@ from ..meta.memory import MemoryMetadataState, MemoryMetadataStore
 from ..net.server import BookieListener, ServerConnection
 from ..types import BookieId
 from .simfs import InlineOffload, SimFileSystem
+from .simkv import SimKVStore
 
 SIM_STORAGE_CONFIG: dict[str, Any] = {
     "journal_file_bytes_max": 16 * 1024,
@@ -273,6 +274,9 @@ class SimBookie:
         self.config = config
         self.fs = SimFileSystem(random.Random(net.rng.getrandbits(64)))
         self.offload = InlineOffload(self.fs.rng, fsync_s)
+        self.kv = (SimKVStore(random.Random(net.rng.getrandbits(64)), self.fs)
+                   if config.index_backend == "lmdb" else None)
+        """The on-disk index's store (index_backend = "lmdb"): no real LMDB here."""
         """Every blocking call of the storage waits this long (virtual), then runs inline."""
         self.up = False
         self.storage: LedgerStorage | None = None
@@ -285,7 +289,8 @@ class SimBookie:
         root = Path("/") / self.id.replace(":", "_")
         self.storage = await LedgerStorage.open(
             root / "journal", root / "ledgers", self.config, log=_QUIET_LOG, clock=LOOP_CLOCK,
-            io=self.fs.mount(), offload=self.offload)
+            io=self.fs.mount(), offload=self.offload,
+            kv_open=self.kv.open if self.kv is not None else None)
         self.processor = RequestProcessor(self.storage, self.id, log=_QUIET_LOG)
         self.listener = BookieListener(self.processor, frame_bytes_max=self.config.frame_bytes_max,
                                        write_buffer_bytes_high=1 << 30, connections_max=10_000)
@@ -317,6 +322,8 @@ class SimBookie:
         self.up = False
         self.net.reset_links(self.id)
         self.fs.crash(torn)
+        if self.kv is not None:
+            self.kv.crash()
         if self.registration is not None:
             await self.registration.abandon()
         if self.processor is not None:

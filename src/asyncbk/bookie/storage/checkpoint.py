@@ -178,7 +178,6 @@ def _capture(position: tuple[int, int], writer: _EntryLogWriter, durable: _Durab
         del tombstones[ledger_id]
     payload = {
         "version": CHECKPOINT_VERSION if kv is None else CHECKPOINT_VERSION_KV,
-        "index": "memory" if kv is None else "lmdb",
         "journal_seq": seq,
         "journal_offset": offset,
         "entry_log_id": writer.log_id,
@@ -187,6 +186,8 @@ def _capture(position: tuple[int, int], writer: _EntryLogWriter, durable: _Durab
         "ledgers": ledgers,
         "tombstones": [[lid, ms] for lid, ms in tombstones.items()],
     }
+    if kv is not None:
+        payload["index"] = "lmdb"  # (the memory backend's checkpoint stays v1's bytes)
     return _CheckpointWork(key, payload, writer.take_for_sync(), kv)
 
 

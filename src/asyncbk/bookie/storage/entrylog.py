@@ -18,7 +18,7 @@ from typing import Any
 from ...errors import BookieIOError
 from ..fileio import OS_FILE_IO, FileIO
 from ..journal_format import HEADER_BYTES, AddRecord, decode_one, record_size_at
-from .index import INDEX_DELETED, INDEX_RECORD, RECORD_SPAN_MAX, Location
+from .index import INDEX_RECORD, RECORD_SPAN_MAX, Location
 
 ENTRYLOG_DIR = "entrylog"
 
@@ -89,13 +89,6 @@ class _EntryLogWriter:
         if self._index_fd >= 0:
             self.io.write(self._index_fd, b"".join(index))
             self.index_length += INDEX_RECORD.size * len(index)
-
-    def delete_ledger(self, ledger_id: int) -> None:
-        """Record a ledger's deletion in index.log (if there is one): loading it forgets
-        the ledger's earlier records, so a re-created ledger never gets them back."""
-        if self._index_fd >= 0:
-            self.io.write(self._index_fd, INDEX_RECORD.pack(ledger_id, INDEX_DELETED, 0, 0, 0))
-            self.index_length += INDEX_RECORD.size
 
     def _rotate(self) -> None:
         # The finished log is made durable by the next checkpoint (the only thing that

@@ -29,9 +29,6 @@ RECORD_SPAN_MAX = HEADER_BYTES - 1 + RECORD_BYTES_MAX
 INDEX_GAP_MAX = 4096
 """An entry this far past a ledger's dense range goes to its sparse map instead."""
 
-INDEX_DELETED = -1
-"""The entry id of an index.log record saying the ledger was deleted there."""
-
 
 class EntryIndex(Protocol):
     """What storage needs from an index of entry locations (loop side only)."""
@@ -222,14 +219,13 @@ class MemoryEntryIndex:
 
 def index_log_ops(data: bytes, entry_log_id_max: int) -> Iterator[tuple[Any, ...]]:
     """The operations of ``index.log``'s records (``data``, whole records), in order:
-    ``("put", ledger, entry, location)`` or ``("del", ledger)`` (a deletion record,
-    entry id :data:`INDEX_DELETED`).  BookieIOError at the first record that cannot be
-    a location of an entry log up to ``entry_log_id_max``."""
+    ``("put", ledger, entry, location)``.  BookieIOError at the first record that
+    cannot be a location of an entry log up to ``entry_log_id_max``.  (index.log has
+    no deletion records: that would change its format, fixture set v1 of
+    tests/unit/test_compat.py; so a ledger deleted before a checkpoint and re-created
+    gets its old records back when the memory index is loaded.)"""
     for i, (ledger_id, entry_id, log_id, offset, length) in enumerate(
             INDEX_RECORD.iter_unpack(data)):
-        if entry_id == INDEX_DELETED and ledger_id >= 0 and not (log_id or offset or length):
-            yield ("del", ledger_id)
-            continue
         if (ledger_id < 0 or entry_id < 0 or log_id > entry_log_id_max
                 or offset > 0xFFFFFFFF or not HEADER_BYTES < length <= RECORD_SPAN_MAX):
             raise BookieIOError(f"index.log record {i} is corrupt: ledger {ledger_id} entry "
@@ -240,7 +236,4 @@ def index_log_ops(data: bytes, entry_log_id_max: int) -> Iterator[tuple[Any, ...
 def load_index_records(index: EntryIndex, data: bytes, entry_log_id_max: int) -> None:
     """Apply :func:`index_log_ops` to an in-memory ``index``."""
     for op in index_log_ops(data, entry_log_id_max):
-        if op[0] == "put":
-            index.put(op[1], op[2], op[3])
-        else:
-            index.delete_ledger(op[1])
+        index.put(op[1], op[2], op[3])

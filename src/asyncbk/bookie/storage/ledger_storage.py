@@ -393,7 +393,6 @@ class LedgerStorage:
                 continue
             if kind == TYPE_DELETE_LEDGER:
                 flush()
-                writer.delete_ledger(item[1])
                 ops.append(("del", item[1]))
                 deleted.append(item[1])
             _apply_op(durable, kind, item[1], item[2])

@@ -145,7 +145,6 @@ def _replay_file(io: FileIO, path: Path, start: int, writer: _EntryLogWriter,
                         ops.extend(("put", *r) for r in writer.append(raws, items))
                         adds += len(items)
                         raws, items = [], []
-                        writer.delete_ledger(record.ledger_id)
                         ops.append(("del", record.ledger_id))
                     _apply_replayed(durable, record, now_ms)
                 ops.extend(("put", *r) for r in writer.append(raws, items))
