@@ -24,6 +24,14 @@ On disk
     into memory at start.  No checksum: only the prefix recorded in the
     checkpoint (which was fsynced before the checkpoint was written) is ever
     trusted; anything after it is cut and rebuilt from the journal.
+``ledger_dir/index.lmdb/``
+    With ``index_backend = "lmdb"`` instead of index.log: the index on disk
+    (:mod:`.kvindex`, over the :mod:`.kv` seam), one LMDB transaction per journal
+    batch on the writer thread, synced at checkpoints (checkpoint version 2).  At
+    start, entries placed after the mark are cut and the journal replay re-puts
+    them.  A memory-backend dir is migrated (index.log loaded, synced, checkpoint,
+    index.log removed; a crash re-runs it); an lmdb dir opened with "memory" is
+    refused.  See docs/storage.md.
 ``ledger_dir/checkpoint``
     8-byte xxh3_64 of the rest, then a msgpack map: the *mark* (journal seq
     and offset after the last batch covered, entry log id and length, index
@@ -71,7 +79,7 @@ checkpoints: after a crash it may be older, which only delays readers.
 Time (tombstone ages, the housekeeping and compaction sleeps, compaction
 pacing) comes from the injected :class:`~asyncbk.clock.Clock`.
 
-Limits (deliberate, for now): the index is in memory (:class:`LedgerIndex`,
+Limits (deliberate, for now): with ``index_backend = "memory"`` the index is in memory (:class:`LedgerIndex`,
 about 12 bytes per stored entry) and start-up reads all of index.log;
 index.log is append-only: compaction does not rewrite it, so records of
 moved and deleted entries stay in it and are superseded (a later record for
@@ -88,6 +96,9 @@ Modules
 :mod:`.index`
     :class:`Location`, the :class:`EntryIndex` protocol and its in-memory
     implementation (:class:`LedgerIndex` per ledger), ``index.log`` parsing.
+:mod:`.kv`, :mod:`.kvindex`
+    the ordered key-value seam (:class:`~.kv.IndexKV`, LMDB) and the on-disk
+    :class:`~.kvindex.KVEntryIndex` over it.
 :mod:`.entrylog`
     entry log naming, writer (entry logs + index.log) and reader.
 :mod:`.checkpoint`
