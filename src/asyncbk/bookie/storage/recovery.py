@@ -53,7 +53,14 @@ from .checkpoint import (
     read_checkpoint,
 )
 from .entrylog import ENTRYLOG_DIR, _EntryLogWriter, _parse_entry_log_name, entry_log_name
-from .index import INDEX_FILE, INDEX_RECORD, EntryIndex, MemoryEntryIndex, index_log_ops
+from .index import (
+    INDEX_FILE,
+    INDEX_RECORD,
+    EntryIndex,
+    MemoryEntryIndex,
+    index_log_ops,
+    load_index_records,
+)
 from .kv import LMDB_DIR, IndexKV, open_lmdb
 from .kvindex import IndexOp, KVEntryIndex
 
@@ -277,7 +284,7 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
                             records=stats["index_migrated_records"])
         else:
             index = MemoryEntryIndex()
-            _apply_index(index, list(index_log_ops(data, mark.entry_log_id)))
+            load_index_records(index, data, mark.entry_log_id)  # streamed, no list
         del data
         stats["entries_indexed"] = len(index)
 
