@@ -16,7 +16,9 @@ unchanged on top of these parts:
 * :class:`SimBookie`: the real ``LedgerStorage`` (group-committed journal, entry
   logs, index, checkpoints, start-up recovery) over a
   :class:`~asyncbk.testing.simfs.SimFileSystem` per bookie, whose blocking calls
-  run inline after a simulated delay (:class:`~asyncbk.testing.simfs.InlineOffload`);
+  run inline after a simulated delay (:class:`~asyncbk.testing.simfs.InlineOffload`)
+  (with ``index_backend = "lmdb"``, the on-disk index on a
+  :class:`~asyncbk.testing.simkv.SimKVStore` that crashes with it);
   a crash loses what was not fsynced (or, torn, keeps a random part of it) and the
   restart runs the real recovery; + the real request processor + lease
   registration in the shared in-memory metadata store (leases expire in virtual

@@ -96,6 +96,8 @@ Modules
 :mod:`.index`
     :class:`Location`, the :class:`EntryIndex` protocol and its in-memory
     implementation (:class:`LedgerIndex` per ledger), ``index.log`` parsing.
+:mod:`.batch`
+    a journal batch applied on the writer thread (entry log, index, ledger state).
 :mod:`.kv`, :mod:`.kvindex`
     the ordered key-value seam (:class:`~.kv.IndexKV`, LMDB) and the on-disk
     :class:`~.kvindex.KVEntryIndex` over it.

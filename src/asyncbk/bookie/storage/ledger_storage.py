@@ -36,27 +36,17 @@ from ..journal_format import (
     encode_ledger_key,
 )
 from .api import LedgerInfo
-from .checkpoint import _apply_op, _capture, _CheckpointWork, _make_durable
+from .batch import _BatchApplied, _remove_index_log, write_batch
+from .checkpoint import _capture, _CheckpointWork, _make_durable
 from .compaction import EntryLogCompactor
 from .entrylog import ENTRYLOG_DIR, _EntryLogReader, _sync_and_close
-from .index import INDEX_FILE, EntryIndex, Location
-from .kvindex import IndexOp, KVEntryIndex
+from .index import EntryIndex, Location
+from .kvindex import KVEntryIndex
 from .recovery import KVOpener, _recover, _Recovered
 
 READ_THREADS = 4
 """Threads serving ``pread`` for reads (and start-up recovery)."""
 DISK_USAGE_REFRESH_S = 1.0
-
-
-_BatchApplied = tuple[list[tuple[int, int, Location, Any]], list[int], dict[int, int] | None]
-"""What :meth:`LedgerStorage.apply_in_writer` hands the loop: the adds written
-``(ledger, entry, location, the LedgerInfo they were added to)``, the ledgers
-deleted, and (on-disk index) the change of each entry log's live bytes."""
-
-
-def _remove_index_log(io: FileIO, ledger_dir: Path) -> None:
-    io.unlink(ledger_dir / INDEX_FILE, missing_ok=True)
-    io.fsync_dir(ledger_dir)
 
 
 def _wall_ms(clock: Clock) -> int:
@@ -362,43 +352,8 @@ class LedgerStorage:
     # --- journal sink (see journal.BatchSink) ---------------------------------
 
     def apply_in_writer(self, records: list[bytes], items: list[Any]) -> _BatchApplied:
-        """Writer thread, after the batch's fsync: copy ADD records to the entry
-        log + index (the on-disk one: one transaction), apply the other records to
-        the durable ledger state, all in journal order (a deletion between adds of
-        its ledger stays between them)."""
-        writer = self._writer
-        kv_index = self._kv_index
-        ops: list[IndexOp] = []
-        added: list[tuple[int, int, Location, Any]] = []
-        deleted: list[int] = []
-        add_records: list[bytes] = []
-        add_items: list[Any] = []
-        durable = self._durable
-
-        def flush() -> None:
-            if add_records:
-                for (ledger_id, entry_id, loc), item in zip(
-                        writer.append(add_records, add_items), add_items, strict=True):
-                    added.append((ledger_id, entry_id, loc, item[3]))
-                    if kv_index is not None:
-                        ops.append(("put", ledger_id, entry_id, loc))
-                add_records.clear()
-                add_items.clear()
-
-        for record, item in zip(records, items, strict=True):
-            kind = item[0]
-            if kind == TYPE_ADD:
-                add_records.append(record)
-                add_items.append(item)
-                continue
-            if kind == TYPE_DELETE_LEDGER:
-                flush()
-                ops.append(("del", item[1]))
-                deleted.append(item[1])
-            _apply_op(durable, kind, item[1], item[2])
-        flush()
-        live = kv_index.apply(ops) if kv_index is not None and ops else None
-        return added, deleted, live
+        """Writer thread, after the batch's fsync: :func:`.batch.write_batch`."""
+        return write_batch(self._writer, self._kv_index, self._durable, records, items)
 
     def apply_on_loop(self, items: list[Any], result: _BatchApplied) -> None:
         """Loop, before the batch's futures resolve: make the new entries readable."""
