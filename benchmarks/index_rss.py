@@ -5,7 +5,7 @@ time (recovery) and the RSS of a fresh process after reopening.
 
     python benchmarks/index_rss.py --entries 1000000 --backends memory lmdb
 
-Also measures a point read of the lmdb index on the loop (the brief: sub-10 µs).
+Also measures a point read of the lmdb index on the loop (the target: under 10 µs).
 """
 
 from __future__ import annotations
