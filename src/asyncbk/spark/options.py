@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from ..errors import InvalidNameError, SparkOptionError
 from ..stream.meta import check_namespace_name, check_stream_name
@@ -68,8 +68,25 @@ class Positions:
         return self.per_stream.get(stream, self.default)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Credentials:
+    """How a task reaches the cluster: TLS files, the token file, etcd's user and
+    password file (paths on every machine of the Spark cluster; a token or password
+    itself is never an option: options show in Spark's UI and plans)."""
+
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    auth_token_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
+    etcd_tls_ca_file: str = ""
+    etcd_tls_cert_file: str = ""
+    etcd_tls_key_file: str = ""
+
+
 @dataclass(frozen=True)
-class ReadOptions:
+class ReadOptions(Credentials):
     metadata_uri: str
     namespace: str | None
     streams: tuple[str, ...] = ()
@@ -84,15 +101,6 @@ class ReadOptions:
     max_records_per_partition: int = MAX_RECORDS_PER_PARTITION
     min_partitions: int | None = None
     timeout_s: float = OPERATION_TIMEOUT_S
-    tls_ca_file: str = ""
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    auth_token_file: str = ""
-    etcd_user: str = ""
-    etcd_password_file: str = ""
-    etcd_tls_ca_file: str = ""
-    etcd_tls_cert_file: str = ""
-    etcd_tls_key_file: str = ""
 
     @property
     def over_ledgers(self) -> bool:
@@ -113,7 +121,7 @@ class ReadOptions:
 
 
 @dataclass(frozen=True)
-class WriteOptions:
+class WriteOptions(Credentials):
     metadata_uri: str
     namespace: str
     stream: str
@@ -121,15 +129,6 @@ class WriteOptions:
     batch_id: int | None = None
     """With ``sink_id``, makes a batch write idempotent (for ``foreachBatch``)."""
     timeout_s: float = OPERATION_TIMEOUT_S
-    tls_ca_file: str = ""
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    auth_token_file: str = ""
-    etcd_user: str = ""
-    etcd_password_file: str = ""
-    etcd_tls_ca_file: str = ""
-    etcd_tls_cert_file: str = ""
-    etcd_tls_key_file: str = ""
 
 
 def _get(options: Mapping[str, Any], name: str) -> str | None:
@@ -202,34 +201,15 @@ def _timeout(options: Mapping[str, Any]) -> float:
     return value
 
 
-class _Security(TypedDict, total=False):
-    tls_ca_file: str
-    tls_cert_file: str
-    tls_key_file: str
-    auth_token_file: str
-    etcd_user: str
-    etcd_password_file: str
-    etcd_tls_ca_file: str
-    etcd_tls_cert_file: str
-    etcd_tls_key_file: str
-
-
-def _security(options: Mapping[str, Any]) -> _Security:
-    """TLS files, the token file and etcd's user and password file: paths on every
-    machine of the Spark cluster (a token or password itself is never an option:
-    options show in Spark's UI and plans)."""
-    out: _Security = {}
-    for option, field_name in (("tlsCaFile", "tls_ca_file"), ("tlsCertFile", "tls_cert_file"),
-                               ("tlsKeyFile", "tls_key_file"),
-                               ("authTokenFile", "auth_token_file"),
-                               ("etcdUser", "etcd_user"),
-                               ("etcdPasswordFile", "etcd_password_file"),
-                               ("etcdTlsCaFile", "etcd_tls_ca_file"),
-                               ("etcdTlsCertFile", "etcd_tls_cert_file"),
-                               ("etcdTlsKeyFile", "etcd_tls_key_file")):
-        value = _get(options, option)
+def _security(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`Credentials` fields given, each by its option (``tls_ca_file`` is
+    ``tlsCaFile``)."""
+    out: dict[str, Any] = {}
+    for f in fields(Credentials):
+        head, *rest = f.name.split("_")
+        value = _get(options, head + "".join(w.capitalize() for w in rest))
         if value is not None and value.strip():
-            out[field_name] = value.strip()  # type: ignore[literal-required]
+            out[f.name] = value.strip()
     if bool(out.get("tls_cert_file")) != bool(out.get("tls_key_file")):
         raise SparkOptionError("options tlsCertFile and tlsKeyFile go together (a client "
                                "certificate and its key)")

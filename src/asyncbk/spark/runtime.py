@@ -22,7 +22,7 @@ import asyncio
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import Future
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import uvloop
 
@@ -31,47 +31,15 @@ from ..net.etcd_security import etcd_security
 from ..net.security import client_context, read_token
 from ..stream.client import BookKeeper
 from ..stream.namespace import Namespace
+from .options import ReadOptions, WriteOptions
 
 T = TypeVar("T")
 
 CONNECT_TIMEOUT_S = 30.0
 
 
-class Access(Protocol):
-    """Where the cluster is and how to reach it (read and write options both have it)."""
-
-    @property
-    def metadata_uri(self) -> str: ...
-
-    @property
-    def timeout_s(self) -> float: ...
-
-    @property
-    def tls_ca_file(self) -> str: ...
-
-    @property
-    def tls_cert_file(self) -> str: ...
-
-    @property
-    def tls_key_file(self) -> str: ...
-
-    @property
-    def auth_token_file(self) -> str: ...
-
-    @property
-    def etcd_user(self) -> str: ...
-
-    @property
-    def etcd_password_file(self) -> str: ...
-
-    @property
-    def etcd_tls_ca_file(self) -> str: ...
-
-    @property
-    def etcd_tls_cert_file(self) -> str: ...
-
-    @property
-    def etcd_tls_key_file(self) -> str: ...
+Access = ReadOptions | WriteOptions
+"""Where the cluster is and how to reach it (read and write options both say)."""
 
 
 def _security(access: Access) -> dict[str, Any]:
