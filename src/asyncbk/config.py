@@ -26,7 +26,14 @@ class BookieConfig:
     host: str = "127.0.0.1"
     port: int = 3181
     journal_dir: str = ""
+    """Journal directory; several separated by commas (each ledger directory's journal
+    then lives in ``journal_dirs[i % count]``, see :attr:`journal_dirs`)."""
     ledger_dir: str = ""
+    """Ledger directory (entry logs, index, checkpoint); several separated by commas,
+    each holding whole ledgers, new ledgers going to the one that holds fewest."""
+    allow_storage_expansion: bool = False
+    """Accept ledger directories appended to those the cookie records (empty ones),
+    and record them; without it a changed directory list refuses to start."""
     advertised_host: str = ""
     """Host part of the bookie id; defaults to ``host``."""
 
@@ -122,6 +129,16 @@ class BookieConfig:
     """With ``auth_tokens_file``: ``GET /metrics`` and ``/healthz`` need no token (every
     other route does).  The endpoint is HTTPS when the bookie has TLS."""
 
+    @property
+    def ledger_dirs(self) -> list[str]:
+        """``ledger_dir`` split at commas."""
+        return split_dirs(self.ledger_dir)
+
+    @property
+    def journal_dirs(self) -> list[str]:
+        """``journal_dir`` split at commas."""
+        return split_dirs(self.journal_dir)
+
     def validate(self) -> BookieConfig:
         _check_positive(self, "frame_bytes_max", "journal_group_bytes_max",
                         "journal_group_entries_max", "journal_queue_entries_max",
@@ -173,6 +190,19 @@ class BookieConfig:
             raise ConfigError("need 0 < disk_usage_lwm_threshold <= disk_usage_threshold <= 1")
         if self.lease_ttl_s < 2:
             raise ConfigError("lease_ttl_s must be >= 2 (keep-alives are sent every ttl/3)")
+        journals, ledgers = self.journal_dirs, self.ledger_dirs
+        for name, dirs in (("journal_dir", journals), ("ledger_dir", ledgers)):
+            if any(not d.strip() for d in dirs):
+                raise ConfigError(f"{name} has an empty directory in its comma-separated "
+                                  f"list: {getattr(self, name)!r}")
+        every = [str(Path(d).absolute()) for d in journals + ledgers]
+        if len(set(every)) != len(every):
+            raise ConfigError("each journal and ledger directory must be given once: "
+                              "two of them name the same directory")
+        if len(journals) > max(1, len(ledgers)):
+            raise ConfigError(f"more journal directories ({len(journals)}) than ledger "
+                              f"directories ({len(ledgers)}): each journal serves ledger "
+                              "directories, so give at most one per ledger directory")
         return self
 
 
@@ -238,6 +268,11 @@ class ClientConfig:
 
 
 T = TypeVar("T", BookieConfig, ClientConfig)
+
+
+def split_dirs(value: str) -> list[str]:
+    """A comma-separated directory list (``""``: none)."""
+    return [d.strip() for d in value.split(",")] if value else []
 
 
 def _check_positive(cfg: Any, *names: str) -> None:

@@ -8,6 +8,7 @@ them into Prometheus histograms when scraped.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from typing import Any
 
 LATENCY_BUCKETS_S: tuple[float, ...] = (
@@ -33,6 +34,18 @@ class LatencyHistogram:
         self.counts[bisect_left(self.bounds, seconds)] += times
         self.sum += seconds * times
         self.count += times
+
+    @classmethod
+    def merged(cls, histograms: Sequence[LatencyHistogram]) -> LatencyHistogram:
+        """One histogram of every observation of ``histograms`` (same bounds)."""
+        out = cls(histograms[0].bounds)
+        for h in histograms:
+            if h.bounds != out.bounds:
+                raise ValueError("histograms with different buckets cannot be merged")
+            out.counts = [a + b for a, b in zip(out.counts, h.counts, strict=True)]
+            out.sum += h.sum
+            out.count += h.count
+        return out
 
     def cumulative(self) -> list[tuple[str, int]]:
         """``[(le, cumulative count), ...]`` ending with ``("+Inf", count)``."""

@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..errors import CookieError
 from ..meta.api import BookieRegistry, CookieStore
@@ -111,6 +112,11 @@ def _write_local(path: Path, cookie: Cookie) -> None:
         os.close(fd)
 
 
+def _write_all(directories: Sequence[Path], cookie: Cookie) -> None:
+    for d in directories:
+        _write_local(d, cookie)
+
+
 class CookieMetadata(CookieStore, BookieRegistry, Protocol):
     """What the cookie check uses of the metadata store: the cookies, and the registry
     (to tell a live bookie with the same id from a dead one)."""
@@ -140,32 +146,52 @@ def _differences(a: Cookie, b: Cookie) -> str:
     return ", ".join(k for k, v in asdict(a).items() if other[k] != v)
 
 
+def _dirs(value: str) -> list[str]:
+    return value.split(",") if value else []
+
+
+def _expands(old: Cookie, new: Cookie) -> bool:
+    """``new`` is ``old`` with ledger directories appended (nothing else changed)."""
+    before, after = _dirs(old.ledger_dir), _dirs(new.ledger_dir)
+    return (old.bookie_id == new.bookie_id and old.instance_id == new.instance_id
+            and old.format == new.format and old.journal_dir == new.journal_dir
+            and len(before) < len(after) and after[:len(before)] == before)
+
+
 async def check_or_format(
-    meta: CookieMetadata, bookie_id: str, journal_dir: Path, ledger_dir: Path
+    meta: CookieMetadata, bookie_id: str, journal_dirs: Sequence[Path],
+    ledger_dirs: Sequence[Path], *, allow_expansion: bool = False, log: Any = None,
 ) -> Cookie:
-    """Verify (or, for a brand-new bookie, create) the cookies; raises CookieError."""
-    journal_dir, ledger_dir = await asyncio.to_thread(
-        lambda: (journal_dir.resolve(), ledger_dir.resolve()))
+    """Verify (or, for a brand-new bookie, create) the cookies; raises CookieError.
+
+    Several directories are recorded comma-separated, in order.  With
+    ``allow_expansion``, ledger directories appended to the recorded ones (empty,
+    or holding this very cookie from an interrupted expansion) are accepted and the
+    cookies rewritten: first in the new directories, then in the metadata store
+    (compare-and-set), then in the old directories; a crash between the steps is
+    finished by the next start with the same option."""
+    journal_dirs, ledger_dirs = await asyncio.to_thread(
+        lambda: ([d.resolve() for d in journal_dirs], [d.resolve() for d in ledger_dirs]))
     instance_id = await meta.get_or_create_instance_id()
-    expected = Cookie(bookie_id, instance_id, str(journal_dir), str(ledger_dir))
+    expected = Cookie(bookie_id, instance_id, ",".join(map(str, journal_dirs)),
+                      ",".join(map(str, ledger_dirs)))
+    every = [*journal_dirs, *ledger_dirs]
 
-    def read_dirs() -> tuple[Cookie | None, Cookie | None, bool, bool]:
-        return (_read_local(journal_dir), _read_local(ledger_dir),
-                _dir_has_data(journal_dir), _dir_has_data(ledger_dir))
+    def read_dirs() -> dict[Path, tuple[Cookie | None, bool]]:
+        return {d: (_read_local(d), _dir_has_data(d)) for d in every}
 
-    local_j, local_l, data_j, data_l = await asyncio.to_thread(read_dirs)
+    found = await asyncio.to_thread(read_dirs)
     stored = await meta.read_cookie(bookie_id)
     remote = Cookie.from_bytes(stored[0], "the metadata store") if stored else None
 
-    if remote is None and local_j is None and local_l is None:
-        for d, has_data in ((journal_dir, data_j), (ledger_dir, data_l)):
-            if has_data:
+    if remote is None and all(local is None for local, _ in found.values()):
+        for d in every:
+            if found[d][1]:
                 raise CookieError(
                     f"{d} holds files but no cookie: refusing to adopt unknown data as bookie "
                     f"{bookie_id}. Point the bookie at empty directories, or move the files away.")
         await meta.write_cookie(bookie_id, expected.to_bytes(), None)
-        await asyncio.to_thread(_write_local, journal_dir, expected)
-        await asyncio.to_thread(_write_local, ledger_dir, expected)
+        await asyncio.to_thread(_write_all, every, expected)
         return expected
 
     if remote is None:
@@ -173,16 +199,64 @@ async def check_or_format(
             f"bookie {bookie_id}: its directories have a cookie but the metadata store has none "
             f"for this id (was the cluster metadata wiped, is this a different cluster, or "
             f"did the bookie id change?). Refusing to start.")
-    for d, local in ((journal_dir, local_j), (ledger_dir, local_l)):
+    new_dirs: list[Path] = []
+    if not allow_expansion and _expands(remote, expected):
+        raise CookieError(_changed(bookie_id, expected, remote))
+    if allow_expansion and remote != expected and _expands(remote, expected):
+        new_dirs = list(ledger_dirs[len(_dirs(remote.ledger_dir)):])
+        for d in new_dirs:
+            local, has_data = found[d]
+            if local is not None and local != expected:
+                raise CookieError(
+                    f"bookie {bookie_id}: the new ledger directory {d} holds another cookie "
+                    f"(differs in: {_differences(local, expected)}); it belongs to another "
+                    f"bookie or cluster. Give an empty directory.")
+            if local is None and has_data:
+                raise CookieError(
+                    f"bookie {bookie_id}: the new ledger directory {d} holds files but no "
+                    f"cookie: refusing to adopt unknown data. Give an empty directory.")
+    recorded = {*_dirs(remote.journal_dir), *_dirs(remote.ledger_dir)}
+    any_local = any(local is not None for local, _ in found.values())
+    for d in every:
+        if d in new_dirs:
+            continue
+        local = found[d][0]
+        if local is None and str(d) not in recorded and any_local:
+            raise CookieError(_changed(bookie_id, expected, remote))  # a directory added
         if local is None:
             raise CookieError(await _missing_local_cookie(meta, bookie_id, d))
-        if local != remote:
+        accepted = local == remote or (allow_expansion and (
+            (new_dirs and local == expected)  # an earlier expansion stopped half-way
+            or (remote == expected and _expands(local, remote))))
+        if not accepted:
+            hint = (" If ledger directories were added to this bookie, start it with "
+                    "--allow-storage-expansion to record them."
+                    if _expands(local, remote) else "")
             raise CookieError(
                 f"bookie {bookie_id}: the cookie in {d} does not match the registered one "
                 f"(differs in: {_differences(local, remote)}); a directory was swapped or "
-                f"belongs to another bookie or cluster. Refusing to start.")
-    if remote != expected:
-        raise CookieError(
-            f"bookie {bookie_id}: started with different settings than its cookie records "
-            f"(differs in: {_differences(expected, remote)}). Use the original directories.")
-    return remote
+                f"belongs to another bookie or cluster. Refusing to start.{hint}")
+    if new_dirs:
+        assert stored is not None
+        await asyncio.to_thread(_write_all, new_dirs, expected)
+        await meta.write_cookie(bookie_id, expected.to_bytes(), stored[1])
+        remote = expected
+        if log is not None:
+            log.warning("ledger directories added to the cookie",
+                        added=[str(d) for d in new_dirs])
+    if remote == expected:
+        stale = [d for d in every if found[d][0] != expected and d not in new_dirs]
+        if stale:
+            await asyncio.to_thread(_write_all, stale, expected)
+        return remote
+    raise CookieError(_changed(bookie_id, expected, remote))
+
+
+def _changed(bookie_id: str, expected: Cookie, remote: Cookie) -> str:
+    hint = ""
+    if _expands(remote, expected):
+        hint = (" To add ledger directories, append them to --ledger-dir (keeping the "
+                "recorded ones first, in order) and start with --allow-storage-expansion.")
+    return (f"bookie {bookie_id}: started with different settings than its cookie records "
+            f"(differs in: {_differences(expected, remote)}). Use the original "
+            f"directories.{hint}")

@@ -32,7 +32,7 @@ from prometheus_client.core import (
 from .._version import __version__
 from ..errors import BKError
 from ..net.http import AdminHttp
-from ..stats import MetricFamilies
+from ..stats import LatencyHistogram, MetricFamilies
 from .processor import BookieState
 
 if TYPE_CHECKING:
@@ -116,10 +116,11 @@ class BookieCollector:
             yield fr
             yield gauge("journal_failed", "1 once the journal failed (bookie read-only)",
                         1.0 if j["failed"] else 0.0)
+            journals = [part.journal for part in s.per_directory]  # one per ledger dir
             yield histogram("journal_fsync_seconds", "journal fdatasync time",
-                            s.journal.fsync_latency)
+                            LatencyHistogram.merged([j.fsync_latency for j in journals]))
             yield histogram("journal_batch_records", "records per group commit",
-                            s.journal.batch_records)
+                            LatencyHistogram.merged([j.batch_records for j in journals]))
 
 
 class AdminHttpServer:
@@ -176,6 +177,8 @@ class AdminHttpServer:
                        disk={"free_bytes": free, "total_bytes": total,
                              "used_fraction": round(1 - free / total, 6) if total else None},
                        journal_dir=b.config.journal_dir, ledger_dir=b.config.ledger_dir)
+            if "directories" in st:  # several ledger directories: each one's state
+                out["directories"] = st["directories"]
         return web.json_response(out)
 
     async def get_state(self, request: web.Request) -> web.Response:

@@ -270,14 +270,17 @@ class RequestProcessor:
                     return Status.READ_ONLY
             else:
                 return Status.NOT_READY
-        info = self.storage.ledger(ledger_id)
+        storage = self.storage
+        info = storage.ledger(ledger_id)
         if info is not None:
             if not hmac.compare_digest(info.master_key, master_key):
                 return Status.UNAUTHORIZED
             if info.fenced and not recovery:
                 return Status.FENCED
-        elif not recovery and self.storage.is_deleted(ledger_id):
+        elif not recovery and storage.is_deleted(ledger_id):
             return Status.FENCED  # deleted here: a zombie writer must not re-create it
+        if not recovery and storage.is_full(ledger_id):
+            return Status.READ_ONLY  # its ledger directory's disk is full
         return Status.OK
 
     def _apply_backpressure(self, conn: ServerConnection) -> None:

@@ -45,7 +45,8 @@ from .http import AdminHttpServer
 from .processor import BookieState, RequestProcessor
 from .registration import Registration
 from .startup import check_not_running
-from .storage import LedgerStorage
+from .storage.api import Storage
+from .storage.directories import open_storage
 
 
 class Companion(Protocol):
@@ -73,7 +74,7 @@ class BookieServer:
         self.bookie_id = f"{host}:{config.port}"
         self.log = get_logger(bookie_id=self.bookie_id)
         self.meta: MetadataStore | None = None
-        self.storage: LedgerStorage | None = None
+        self.storage: Storage | None = None
         self.processor: RequestProcessor | None = None
         self.listener: BookieListener | None = None
         self.registration: Registration | None = None
@@ -115,12 +116,13 @@ class BookieServer:
             # Before any verdict on the cookie: a second process for a live bookie (or
             # on a taken port) is told so, not that its disk was wiped.
             await check_not_running(self.meta, self.bookie_id, cfg.host, cfg.port)
-            self._lock = DirectoryLock(Path(cfg.journal_dir), Path(cfg.ledger_dir))
+            journal_dirs = [Path(d) for d in cfg.journal_dirs]
+            ledger_dirs = [Path(d) for d in cfg.ledger_dirs]
+            self._lock = DirectoryLock(*journal_dirs, *ledger_dirs)
             await asyncio.to_thread(self._lock.acquire)
-            await check_or_format(self.meta, self.bookie_id, Path(cfg.journal_dir),
-                                  Path(cfg.ledger_dir))
-            self.storage = await LedgerStorage.open(Path(cfg.journal_dir), Path(cfg.ledger_dir),
-                                                    cfg, log=self.log, clock=self.clock)
+            await check_or_format(self.meta, self.bookie_id, journal_dirs, ledger_dirs,
+                                  allow_expansion=cfg.allow_storage_expansion, log=self.log)
+            self.storage = await open_storage(cfg, log=self.log, clock=self.clock)
             self.processor = RequestProcessor(self.storage, self.bookie_id, log=self.log)
             self.listener = BookieListener(
                 self.processor,
@@ -213,24 +215,37 @@ class BookieServer:
             self.reloader.request_reload()
 
     async def _watch_disk(self) -> None:
-        """Turn read-only when a disk (ledger or journal) is nearly full, writable again
-        below the low mark; also read-only for good once the journal has failed."""
+        """Per ledger directory: mark it full when its disk or its journal's disk is
+        nearly full, not full again below the low mark (adds to its ledgers refused
+        meanwhile, new ledgers placed elsewhere).  The bookie turns read-only when every
+        directory is full, writable again when one is not; also read-only for good once
+        the journal (every journal) has failed."""
         cfg = self.config
         assert self.storage is not None and self.registration is not None
-        journal_dir = Path(cfg.journal_dir)
         while True:
-            free, total = self.storage.disk_usage()  # cached by storage, refreshed off-loop
-            used = 1 - free / total if total else 0.0
-            j_free, j_total = await asyncio.to_thread(_statvfs, journal_dir)
-            used = max(used, 1 - j_free / j_total if j_total else 0.0)
-            want = disk_read_only(self.read_only_for_disk, used, cfg.disk_usage_threshold,
-                                  cfg.disk_usage_lwm_threshold)
+            used_max = 0.0
+            for part in self.storage.per_directory:
+                free, total = part.disk_usage()  # cached by storage, refreshed off-loop
+                used = 1 - free / total if total else 0.0
+                j_free, j_total = await asyncio.to_thread(_statvfs, part.journal_dir)
+                used = max(used, 1 - j_free / j_total if j_total else 0.0)
+                used_max = max(used_max, used)
+                full = disk_read_only(part.full, used, cfg.disk_usage_threshold,
+                                      cfg.disk_usage_lwm_threshold)
+                if full != part.full:
+                    part.full = full
+                    self.log.warning("ledger directory full: its ledgers take no adds"
+                                     if full else "ledger directory writable again",
+                                     ledger_dir=str(part.ledger_dir),
+                                     journal_dir=str(part.journal_dir),
+                                     disk_used=round(used, 4))
+            want = all(part.full for part in self.storage.per_directory)
             journal_failed = self.storage.journal_failed
             if want != self.read_only_for_disk or (journal_failed and not self.journal_failed):
                 self.read_only_for_disk = want
                 self.journal_failed = journal_failed
                 self.log.warning("turning read-only" if want or journal_failed
-                                 else "turning writable", disk_used=round(used, 4),
+                                 else "turning writable", disk_used=round(used_max, 4),
                                  journal_failed=journal_failed,
                                  threshold=cfg.disk_usage_threshold,
                                  lwm_threshold=cfg.disk_usage_lwm_threshold)

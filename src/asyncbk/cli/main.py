@@ -216,8 +216,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, help="TCP port to listen on (the bookie id is host:port)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--advertised-host", help="host part of the bookie id, if not --host")
-    p.add_argument("--journal-dir", help="directory of the journal (write-ahead log)")
-    p.add_argument("--ledger-dir", help="directory of entry logs and the index")
+    p.add_argument("--journal-dir", action="append",
+                   help="directory of the journal (write-ahead log); repeat it (or separate "
+                   "with commas) for several, at most one per ledger directory")
+    p.add_argument("--ledger-dir", action="append",
+                   help="directory of entry logs and the index; repeat it (or separate with "
+                   "commas) for several: each holds whole ledgers, new ledgers go to the "
+                   "one holding fewest")
+    p.add_argument("--allow-storage-expansion", action="store_true", default=None,
+                   help="accept empty ledger directories appended to those this bookie's "
+                   "cookie records, and record them (default: a changed list refuses to "
+                   "start)")
     p.add_argument("--http-port", type=_port,
                    help="serve the HTTP admin endpoint (/metrics, /healthz, /api/v1/bookie/...) "
                    "on this port")
@@ -328,8 +337,12 @@ def cmd_bookie(args: argparse.Namespace) -> int:
     for opt in ("metadata_uri", "port", "host", "advertised_host", "journal_dir", "ledger_dir",
                 "http_port", "http_host"):
         v = getattr(args, opt)
+        if isinstance(v, list):  # --journal-dir / --ledger-dir, repeatable
+            v = ",".join(v)
         if v is not None:
             values[opt] = v
+    if args.allow_storage_expansion:
+        values["allow_storage_expansion"] = True
     for opt, key in (("tls_cert", "tls_cert_file"), ("tls_key", "tls_key_file"),
                      ("tls_ca", "tls_ca_file"), ("auth_tokens_file", "auth_tokens_file"),
                      ("tls_require_client_cert", "tls_require_client_cert"),

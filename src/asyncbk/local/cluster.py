@@ -177,6 +177,14 @@ class LocalBookie(_ChildProcess):
         self.dir = cluster.data_dir / f"bookie-{index}"
         self.journal_dir = self.dir / "journal"
         self.ledger_dir = self.dir / "ledgers"
+        self.journal_dirs = [self.journal_dir] + [
+            self.dir / f"journal-{i}" for i in range(1, cluster.journal_dirs_per_bookie)]
+        """The bookie's journal directories (``LocalCluster(journal_dirs=)``)."""
+        self.ledger_dirs = [self.ledger_dir] + [
+            self.dir / f"ledgers-{i}" for i in range(1, cluster.ledger_dirs_per_bookie)]
+        """The bookie's ledger directories (``LocalCluster(ledger_dirs=)``; see
+        :meth:`add_ledger_dir`)."""
+        self.allow_storage_expansion = False
         self.log_path = self.dir / "bookie.log"
         self.config_path = self.dir / "bookie.toml"
         self.name = f"bookie {self.id}"
@@ -193,10 +201,23 @@ class LocalBookie(_ChildProcess):
             sys.executable, "-m", "asyncbk", "bookie",
             "--metadata-uri", self.cluster.metadata_uri,
             "--port", str(self.port),
-            "--journal-dir", str(self.journal_dir),
-            "--ledger-dir", str(self.ledger_dir),
+            *(a for d in self.journal_dirs for a in ("--journal-dir", str(d))),
+            *(a for d in self.ledger_dirs for a in ("--ledger-dir", str(d))),
             "--config", str(self.config_path),
+            *(("--allow-storage-expansion",) if self.allow_storage_expansion else ()),
         ]
+
+    def add_ledger_dir(self) -> Path:
+        """Append a new, empty ledger directory, used from the bookie's next start
+        (``await bookie.stop(); bookie.add_ledger_dir(); await bookie.start()``):
+        the bookie records it in its cookie (``--allow-storage-expansion``) and places
+        new ledgers there until it holds as many as the others.  Kept while this
+        LocalCluster object lives (a new LocalCluster on the same data directory
+        starts its bookies with ``ledger_dirs`` directories)."""
+        path = self.dir / f"ledgers-{len(self.ledger_dirs)}"
+        self.ledger_dirs.append(path)
+        self.allow_storage_expansion = True
+        return path
 
     def _prepare_dir(self, config_text: str) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -284,7 +305,8 @@ class LocalCluster:
     endpoints and etcd (an ``etcds://`` metadata URI) are TLS, and every client
     must present a certificate (mutual TLS).  ``auth_token``: bookies require
     it.  ``etcd_auth``: etcd runs with authentication, the cluster's processes
-    log in as ``etcd_user`` (allowed the root prefix only)."""
+    log in as ``etcd_user`` (allowed the root prefix only).  ``ledger_dirs`` and
+    ``journal_dirs``: directories per bookie (see :meth:`LocalBookie.add_ledger_dir`)."""
 
     def __init__(
         self,
@@ -300,9 +322,13 @@ class LocalCluster:
         tls: bool = False,
         auth_token: str | None = None,
         etcd_auth: bool = False,
+        ledger_dirs: int = 1,
+        journal_dirs: int = 1,
     ) -> None:
         if bookies < 0:
             raise ValueError("bookies must be >= 0")
+        if not 1 <= journal_dirs <= ledger_dirs:
+            raise ValueError("need 1 <= journal_dirs <= ledger_dirs")
         if auth_token is not None and (not isinstance(auth_token, str) or not auth_token.strip()
                                        or any(c.isspace() for c in auth_token)):
             raise ValueError("auth_token must be a non-empty str without whitespace")
@@ -313,6 +339,8 @@ class LocalCluster:
         self.data_dir = Path(data_dir).resolve()
         self.root = root
         self.bookie_count = bookies
+        self.ledger_dirs_per_bookie = ledger_dirs
+        self.journal_dirs_per_bookie = journal_dirs
         self.bookie_config: dict[str, Any] = {"lease_ttl_s": 4, **(bookie_config or {})}
         self._etcd_port = etcd_port
         self._etcd_port_saved: int | None = None

@@ -10,10 +10,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...clock import Clock
 from ...config import BookieConfig
+
+if TYPE_CHECKING:
+    from ..journal import Journal
 
 
 @dataclass(slots=True)
@@ -45,6 +49,11 @@ class RequestStorage(Protocol):
 
     def update_lac(self, ledger_id: int, lac: int) -> bool: ...
 
+    def is_full(self, ledger_id: int) -> bool:
+        """The disk that holds (or would take) ``ledger_id`` is full: plain adds to it
+        are refused as on a read-only bookie (recovery adds still taken)."""
+        ...
+
     def write_explicit_lac(self, ledger_id: int, lac: int) -> asyncio.Future[None]: ...
 
     async def read_entry(self, ledger_id: int, entry_id: int) -> bytes: ...
@@ -58,6 +67,29 @@ class RequestStorage(Protocol):
     async def wait_for_queue_space(self) -> None: ...
 
     def disk_usage(self) -> tuple[int, int]: ...
+
+
+class LedgerDirectory(Protocol):
+    """One ledger directory's storage, as the bookie's disk watch and metrics see it."""
+
+    full: bool
+
+    @property
+    def ledger_dir(self) -> Path: ...
+
+    @property
+    def journal_dir(self) -> Path: ...
+
+    @property
+    def journal_failed(self) -> bool: ...
+
+    @property
+    def journal(self) -> Journal: ...
+
+    def disk_usage(self) -> tuple[int, int]: ...
+
+    @property
+    def ledger_count(self) -> int: ...
 
 
 class Storage(RequestStorage, Protocol):
@@ -74,6 +106,12 @@ class Storage(RequestStorage, Protocol):
     def journal_failed(self) -> bool: ...
 
     def ledger_ids(self) -> list[int]: ...
+
+    @property
+    def per_directory(self) -> Sequence[LedgerDirectory]:
+        """One storage per ledger directory (its disk usage, its ``full`` flag, its
+        journal), for the disk watch and the metrics."""
+        ...
 
     def delete_ledger(self, ledger_id: int) -> asyncio.Future[None]: ...
 

@@ -97,6 +97,10 @@ class LedgerStorage:
         self._unflushed_bytes = 0
         self._entry_log_flushes = 0
         self._disk_usage = (0, 0)
+        self.full = False
+        """Set by the bookie's disk watch: this ledger directory's disk (or its journal's)
+        is past ``disk_usage_threshold``, so adds to its ledgers are refused (read-only
+        for them) and new ledgers go elsewhere."""
         # writer-thread only: what the last checkpoint written covered
         self._last_checkpoint_key: tuple[Any, ...] | None = None
         # statistics
@@ -177,6 +181,31 @@ class LedgerStorage:
 
     def ledger_ids(self) -> list[int]:
         return list(self._ledgers)
+
+    def deleted_ids(self) -> list[int]:
+        """Ledgers deleted here whose tombstones are kept (see :meth:`is_deleted`)."""
+        return list(self._tombstones)
+
+    @property
+    def ledger_count(self) -> int:
+        return len(self._ledgers)
+
+    def is_full(self, ledger_id: int) -> bool:
+        """Whether adds to ``ledger_id`` are refused for a full disk (see :attr:`full`)."""
+        return self.full
+
+    @property
+    def per_directory(self) -> tuple[LedgerStorage, ...]:
+        """The storage of each ledger directory: this one."""
+        return (self,)
+
+    @property
+    def ledger_dir(self) -> Path:
+        return self._ledger_dir
+
+    @property
+    def journal_dir(self) -> Path:
+        return self._journal_dir
 
     def entry_ids(self, ledger_id: int) -> list[int]:
         """The ids of the entries of ``ledger_id`` stored here (readable), in order."""
