@@ -215,8 +215,14 @@ def _read_back(flags: int, body: bytes, jdir: Path, ldir: Path) -> None:
 
 
 def _readable(log: bytes, records: list[tuple[int, ...]]) -> dict[tuple[int, int], bytes]:
-    """The entries whose last index record points at their own ADD record in log 0."""
-    last = {(r[0], r[1]): r[2:] for r in records if r[1] >= 0}
+    """The entries whose last index record (after their ledger's last deletion
+    marker, ``(ledger, -1, 0, 0, 0)``) points at their own ADD record in log 0."""
+    last: dict[tuple[int, int], tuple[int, ...]] = {}
+    for r in records:
+        if r[1:] == (-1, 0, 0, 0):
+            last = {k: v for k, v in last.items() if k[0] != r[0]}
+        elif r[1] >= 0:
+            last[r[0], r[1]] = r[2:]
     out = {}
     for (lid, eid), (log_id, offset, length) in last.items():
         got = jf.decode_one(log[offset:offset + length]) if log_id == 0 else None

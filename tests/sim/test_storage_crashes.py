@@ -12,8 +12,7 @@ a clean close.  After each restart (the real recovery) the checks:
    corruption, no entry made up);
 3. an acknowledged fence is still there, an acknowledged explicit LAC not lower;
 4. a ledger deleted (acknowledged) and re-created under the same id never reads an
-   entry of before its deletion (``lmdb`` only: the memory index's index.log has no
-   deletion records, so it may; an entry read must still be one once appended).
+   entry of before its deletion.
 
 Every seed runs with both entry index backends: ``memory`` (index.log) and ``lmdb``
 (the on-disk index; here a :class:`~asyncbk.testing.simkv.SimKV`, crashed with the
@@ -245,9 +244,7 @@ class _Run:
                 except BKError as exc:
                     got = exc
                 gens = self.appended.get((ledger_id, entry_id), {})
-                # memory: index.log has no deletion records (its v1 format), so a ledger
-                # deleted before a checkpoint and re-created gets old records back
-                gone = self.deleted_gen.get(ledger_id, -1) if self.backend == "lmdb" else -1
+                gone = self.deleted_gen.get(ledger_id, -1)
                 if got not in [b for g, b in gens.items() if g > gone]:
                     v.append(f"stored entry {ledger_id}/{entry_id} reads {got!r:.60}, "
                              f"appended {gens!r:.60}, generations <= {gone} deleted")

@@ -11,12 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncbk.bookie.storage import LedgerStorage, read_checkpoint
+from asyncbk.bookie.storage import INDEX_RECORD, LedgerStorage, read_checkpoint
 from asyncbk.bookie.storage import ledger_storage as ledger_storage_mod
+from asyncbk.bookie.storage.index import deletion_marker, index_log_ops
 from asyncbk.bookie.storage.kv import LmdbKV
 from asyncbk.bookie.storage.kvindex import KVEntryIndex
 from asyncbk.config import BookieConfig
-from asyncbk.errors import ConfigError, NoSuchEntryError, NoSuchLedgerError
+from asyncbk.errors import BookieIOError, ConfigError, NoSuchEntryError, NoSuchLedgerError
 from asyncbk.testing.simkv import SimKVStore
 
 KEY = b"master-key"
@@ -43,17 +44,13 @@ async def add(s: LedgerStorage, ledger_id: int, entry_ids: range, gen: int = 0) 
 # --- the re-created ledger ------------------------------------------------------------
 
 
-MEMORY_RESURRECTS = pytest.mark.xfail(
-    strict=True, reason="index.log records no deletions (its v1 format, test_compat): the "
-    "memory index loads a ledger's records from before its deletion; fixed with lmdb")
-
-
-@pytest.mark.parametrize("backend", [pytest.param("memory", marks=MEMORY_RESURRECTS), "lmdb"])
+@pytest.mark.parametrize("backend", ["memory", "lmdb"])
 @pytest.mark.parametrize("checkpoint_between", [False, True])
 async def test_a_re_created_ledger_never_gets_its_old_entries_back(
         tmp_path: Path, backend: str, checkpoint_between: bool) -> None:
     """Deleted (GC), re-created with the same id and fewer entries, crashed: the old
-    entries stay gone (index.log / the replay used to bring them back)."""
+    entries stay gone (memory: index.log's deletion marker; lmdb: the replayed
+    deletion)."""
     s = await open_storage(tmp_path, backend)
     await add(s, 7, range(10))
     await s.checkpoint()  # the old entries are in index.log / the synced index
@@ -91,6 +88,88 @@ async def test_re_created_while_the_deletion_is_in_flight(tmp_path: Path, backen
         assert await s.read_entry(3, 1) == body(3, 1, 1)
     finally:
         await s.close()
+
+
+def index_log(root: Path) -> list[tuple[int, ...]]:
+    return list(INDEX_RECORD.iter_unpack((root / "ledgers" / "index.log").read_bytes()))
+
+
+MARKER_7 = (7, -1, 0, 0, 0)
+
+
+async def test_index_log_gets_a_deletion_marker_only_when_a_deleted_id_returns(
+        tmp_path: Path) -> None:
+    """A deletion alone writes nothing to index.log (the format of earlier versions);
+    the re-created ledger's first record is preceded by the marker, once."""
+    s = await open_storage(tmp_path, "memory")
+    await add(s, 7, range(4))
+    await add(s, 8, range(2))
+    await s.delete_ledger(7)
+    await s.delete_ledger(8)
+    await s.checkpoint()
+    assert [r[:2] for r in index_log(tmp_path)] == [(7, e) for e in range(4)] + [(8, 0), (8, 1)]
+    await add(s, 7, range(2), gen=1)
+    await add(s, 7, range(2, 3), gen=1)
+    await s.close()
+    records = index_log(tmp_path)
+    assert records[6] == MARKER_7 and records.count(MARKER_7) == 1
+    assert [r[:2] for r in records[7:]] == [(7, 0), (7, 1), (7, 2)]
+    assert read_checkpoint(tmp_path / "ledgers")["index_length"] == 10 * INDEX_RECORD.size  # type: ignore[index]
+
+
+@pytest.mark.parametrize("crash", [False, True])
+async def test_re_created_after_a_restart(tmp_path: Path, crash: bool) -> None:
+    """The deletion is behind a checkpoint and a restart (as with an index.log written
+    by an earlier version, which has no markers): the re-creation still gets one."""
+    s = await open_storage(tmp_path, "memory")
+    await add(s, 7, range(10))
+    await s.delete_ledger(7)
+    await s.close()
+    assert MARKER_7 not in index_log(tmp_path)
+    s = await open_storage(tmp_path, "memory")
+    assert s.statistics()["recovery"]["deleted_ledgers_dropped"] == 1
+    await add(s, 7, range(3), gen=1)
+    await (s.abort() if crash else s.close())
+    for _ in range(2):
+        s = await open_storage(tmp_path, "memory")
+        try:
+            assert s.entry_ids(7) == [0, 1, 2]
+            assert await s.read_entry(7, 2) == body(7, 2, 1)
+        finally:
+            await s.close()
+    assert index_log(tmp_path).count(MARKER_7) == 1
+
+
+@pytest.mark.parametrize("backend", ["memory", "lmdb"])
+async def test_re_created_by_a_fence_alone(tmp_path: Path, backend: str) -> None:
+    """Re-created without an add (a fence registers it): no old entry either."""
+    s = await open_storage(tmp_path, backend)
+    await add(s, 7, range(5))
+    await s.checkpoint()
+    await s.delete_ledger(7)
+    await s.checkpoint()
+    await s.fence(7, KEY)
+    await s.checkpoint()
+    await s.abort()
+    s = await open_storage(tmp_path, backend)
+    try:
+        assert s.entry_ids(7) == []
+        assert s.ledger(7).last_entry_id == -1  # type: ignore[union-attr]
+        assert s.ledger(7).fenced  # type: ignore[union-attr]
+        with pytest.raises(NoSuchEntryError):
+            await s.read_entry(7, 0)
+    finally:
+        await s.close()
+
+
+def test_index_log_ops_read_a_deletion_marker_and_refuse_near_misses() -> None:
+    put = INDEX_RECORD.pack(7, 0, 0, 0, 40)
+    ops = list(index_log_ops(put + deletion_marker(7) + INDEX_RECORD.pack(7, 1, 0, 40, 40), 0))
+    assert ops == [("put", 7, 0, (0, 0, 40)), ("del", 7), ("put", 7, 1, (0, 40, 40))]
+    for bad in [(-7, -1, 0, 0, 0), (7, -1, 0, 0, 40), (7, -1, 1, 0, 0), (7, -1, 0, 8, 0),
+                (7, -2, 0, 0, 0)]:
+        with pytest.raises(BookieIOError, match="record 1 is corrupt"):
+            list(index_log_ops(put + INDEX_RECORD.pack(*bad), 1))
 
 
 # --- migration and refusal --------------------------------------------------------------
@@ -145,6 +224,32 @@ async def test_migration_from_index_log(tmp_path: Path) -> None:
         await s.close()
     with pytest.raises(ConfigError, match='index_backend = "lmdb"'):
         await open_storage(tmp_path, "memory")
+
+
+@pytest.mark.parametrize("checkpoint_after", [False, True])
+async def test_migration_keeps_a_re_created_ledger_without_its_old_entries(
+        tmp_path: Path, checkpoint_after: bool) -> None:
+    """The re-creation's marker in the migrated index.log prefix (or, re-created after
+    the checkpoint, the replay) keeps the old entries out of the on-disk index."""
+    s = await open_storage(tmp_path, "memory")
+    await add(s, 7, range(10))
+    await s.delete_ledger(7)
+    await s.checkpoint()
+    await add(s, 7, range(3), gen=1)
+    if checkpoint_after:
+        await s.checkpoint()
+        assert MARKER_7 in index_log(tmp_path)
+    await s.abort()
+    for _ in range(2):  # the migration, then a plain open
+        s = await open_storage(tmp_path, "lmdb")
+        try:
+            assert s.entry_ids(7) == [0, 1, 2]
+            assert s.ledger(7).last_entry_id == 2  # type: ignore[union-attr]
+            assert await s.read_entry(7, 2) == body(7, 2, 1)
+            assert s.statistics()["entries"] == 3
+        finally:
+            await s.close()
+    assert not (tmp_path / "ledgers" / "index.log").exists()
 
 
 @pytest.mark.parametrize("fail_at", ["checkpoint", "remove"])

@@ -20,18 +20,25 @@ On disk
     background every ``entry_log_flush_bytes`` and at checkpoints.
 ``ledger_dir/index.log``
     Append-only, fixed 32-byte records ``<qqIQI``: ledger id, entry id, entry
-    log id, record offset, record length; written in the same batch.  Loaded
-    into memory at start.  No checksum: only the prefix recorded in the
-    checkpoint (which was fsynced before the checkpoint was written) is ever
-    trusted; anything after it is cut and rebuilt from the journal.
+    log id, record offset, record length; written in the same batch.  A record
+    with entry id -1 and log id, offset and length 0 is a *deletion marker*:
+    every earlier record of that ledger is void.  The writer appends one when a deleted
+    ledger's id is used again, before the new ledger's first record (a deletion
+    alone writes nothing, so a file without re-created ledgers is in the format
+    of earlier versions, which refuse a marker as a corrupt record).  Loaded into
+    memory at start; ledgers that the checkpoint does not know (deleted) are
+    dropped then.  No checksum: only the prefix recorded in the checkpoint
+    (which was fsynced before the checkpoint was written) is ever trusted;
+    anything after it is cut and rebuilt from the journal (a replayed
+    re-creation writes its marker again).
 ``ledger_dir/index.lmdb/``
     With ``index_backend = "lmdb"`` instead of index.log: the index on disk
     (:mod:`.kvindex`, over the :mod:`.kv` seam), one LMDB transaction per journal
     batch on the writer thread, synced at checkpoints (checkpoint version 2).  At
     start, entries placed after the mark are cut and the journal replay re-puts
-    them.  A memory-backend dir is migrated (index.log loaded, synced, checkpoint,
-    index.log removed; a crash re-runs it); an lmdb dir opened with "memory" is
-    refused.  See docs/storage.md.
+    them.  A memory-backend dir is migrated (index.log loaded with its deletion
+    markers, synced, checkpoint, index.log removed; a crash re-runs it); an lmdb
+    dir opened with "memory" is refused.  See docs/storage.md.
 ``ledger_dir/checkpoint``
     8-byte xxh3_64 of the rest, then a msgpack map: the *mark* (journal seq
     and offset after the last batch covered, entry log id and length, index
@@ -83,7 +90,10 @@ Limits (deliberate, for now): with ``index_backend = "memory"`` the index is in 
 about 12 bytes per stored entry) and start-up reads all of index.log;
 index.log is append-only: compaction does not rewrite it, so records of
 moved and deleted entries stay in it and are superseded (a later record for
-the same entry wins) or dropped (the ledger is gone) when it is loaded.
+the same entry wins) or dropped (the ledger is gone, or a deletion marker
+follows them) when it is loaded.  The writer keeps the ids of the deleted
+ledgers whose records index.log still holds without a marker (a set, rebuilt at
+start), so that their re-creation can write one.
 
 Modules
 -------

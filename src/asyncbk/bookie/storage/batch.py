@@ -30,7 +30,10 @@ def write_batch(writer: _EntryLogWriter, kv_index: KVEntryIndex | None, durable:
     """Writer thread, after the batch's fsync: copy ADD records to the entry
     log + index (the on-disk one: one transaction), apply the other records to
     the durable ledger state, all in journal order (a deletion between adds of
-    its ledger stays between them)."""
+    its ledger stays between them).  With index.log, the first record of a ledger
+    re-created after its deletion appends the deletion marker first
+    (:meth:`_EntryLogWriter.mark_if_due`): the index records written before it
+    come before the marker, those of the new ledger after it."""
     ops: list[IndexOp] = []
     added: list[tuple[int, int, Location, Any]] = []
     deleted: list[int] = []
@@ -47,8 +50,11 @@ def write_batch(writer: _EntryLogWriter, kv_index: KVEntryIndex | None, durable:
             add_records.clear()
             add_items.clear()
 
+    due = writer.marks_due
     for record, item in zip(records, items, strict=True):
         kind = item[0]
+        if due and item[1] in due and kind != TYPE_DELETE_LEDGER:
+            writer.mark_if_due(item[1])  # no add of that ledger is pending: it was due
         if kind == TYPE_ADD:
             add_records.append(record)
             add_items.append(item)
@@ -57,6 +63,7 @@ def write_batch(writer: _EntryLogWriter, kv_index: KVEntryIndex | None, durable:
             flush()
             ops.append(("del", item[1]))
             deleted.append(item[1])
+            writer.ledger_deleted(item[1])
         _apply_op(durable, kind, item[1], item[2])
     flush()
     live = kv_index.apply(ops) if kv_index is not None and ops else None

@@ -18,7 +18,7 @@ from typing import Any
 from ...errors import BookieIOError
 from ..fileio import OS_FILE_IO, FileIO
 from ..journal_format import HEADER_BYTES, AddRecord, decode_one, record_size_at
-from .index import INDEX_RECORD, RECORD_SPAN_MAX, Location
+from .index import INDEX_RECORD, RECORD_SPAN_MAX, Location, deletion_marker
 
 ENTRYLOG_DIR = "entrylog"
 
@@ -40,7 +40,13 @@ def _parse_entry_log_name(name: str) -> int | None:
 class _EntryLogWriter:
     """Appends ADD records to entry logs and index.log (``index_fd`` -1: none, the
     index is on disk).  Used by one thread at a time: the recovery thread during
-    open, then the journal's writer thread."""
+    open, then the journal's writer thread.
+
+    With index.log it also keeps :attr:`marks_due`: the deleted ledgers whose records
+    in index.log no deletion marker voids yet.  The caller reports each deletion
+    (:meth:`ledger_deleted`) and calls :meth:`mark_if_due` before applying any other
+    journal record of a ledger, so a ledger re-created with a deleted one's id gets
+    the marker in index.log before anything of its own."""
 
     def __init__(self, io: FileIO, directory: Path, bytes_max: int, log_id: int, fd: int,
                  length: int, index_fd: int, index_length: int) -> None:
@@ -53,6 +59,21 @@ class _EntryLogWriter:
         self._fd = fd
         self._index_fd = index_fd
         self._unsynced: list[int] = []
+        self.marks_due: set[int] = set()
+
+    def ledger_deleted(self, ledger_id: int) -> None:
+        """The ledger was deleted (in journal order): its index.log records, if any,
+        need a deletion marker before the id is used again."""
+        if self._index_fd >= 0:
+            self.marks_due.add(ledger_id)
+
+    def mark_if_due(self, ledger_id: int) -> None:
+        """Before a journal record of ``ledger_id`` (other than its deletion) is
+        applied: append its deletion marker to index.log if one is due."""
+        if ledger_id in self.marks_due:
+            self.io.write(self._index_fd, deletion_marker(ledger_id))
+            self.index_length += INDEX_RECORD.size
+            self.marks_due.discard(ledger_id)
 
     def append(self, records: Sequence[bytes | memoryview],
                items: Sequence[tuple[int, int, Any]]) -> list[tuple[int, int, Location]]:

@@ -5,6 +5,13 @@
 :class:`LedgerIndex` (two arrays) per ledger, rebuilt at start from ``index.log``
 (:data:`INDEX_RECORD` records, appended by :class:`~.entrylog._EntryLogWriter` in
 the same batch as the entry log and parsed by :func:`load_index_records`).
+
+A record is an entry's location, or a *deletion marker* (:func:`deletion_marker`):
+ledger id, entry id :data:`DELETION_ENTRY_ID` (-1), log id, offset and length 0.  It
+voids every earlier record of that ledger.  The writer appends one only when a
+deleted ledger's id is used again (before the first record of the new ledger), so a
+file written without re-created ledgers keeps the format of earlier versions, which
+refuse a marker as a corrupt record.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from ..journal_format import HEADER_BYTES, RECORD_BYTES_MAX
 
 INDEX_FILE = "index.log"
 INDEX_RECORD = struct.Struct("<qqIQI")  # ledger id, entry id, log id, record offset, record length
+DELETION_ENTRY_ID = -1
+"""The entry id of a deletion marker (module docstring): ``(ledger, -1, 0, 0, 0)``."""
 
 Location = tuple[int, int, int]
 """Where an entry's record is: (entry log id, record offset, record length)."""
@@ -217,15 +226,22 @@ class MemoryEntryIndex:
         return sum(len(e) for e in self._ledgers.values())
 
 
+def deletion_marker(ledger_id: int) -> bytes:
+    """The index.log record voiding every earlier record of ``ledger_id``."""
+    return INDEX_RECORD.pack(ledger_id, DELETION_ENTRY_ID, 0, 0, 0)
+
+
 def index_log_ops(data: bytes, entry_log_id_max: int) -> Iterator[tuple[Any, ...]]:
     """The operations of ``index.log``'s records (``data``, whole records), in order:
-    ``("put", ledger, entry, location)``.  BookieIOError at the first record that
-    cannot be a location of an entry log up to ``entry_log_id_max``.  (index.log has
-    no deletion records: that would change its format, fixture set v1 of
-    tests/unit/test_compat.py; so a ledger deleted before a checkpoint and re-created
-    gets its old records back when the memory index is loaded.)"""
+    ``("put", ledger, entry, location)``, or ``("del", ledger)`` for a deletion marker
+    (the ledger's earlier records are void).  BookieIOError at the first record that
+    is neither a marker nor a location of an entry log up to ``entry_log_id_max``."""
     for i, (ledger_id, entry_id, log_id, offset, length) in enumerate(
             INDEX_RECORD.iter_unpack(data)):
+        if (entry_id == DELETION_ENTRY_ID and ledger_id >= 0
+                and log_id == 0 and offset == 0 and length == 0):
+            yield ("del", ledger_id)
+            continue
         if (ledger_id < 0 or entry_id < 0 or log_id > entry_log_id_max
                 or offset > 0xFFFFFFFF or not HEADER_BYTES < length <= RECORD_SPAN_MAX):
             raise BookieIOError(f"index.log record {i} is corrupt: ledger {ledger_id} entry "
@@ -234,6 +250,9 @@ def index_log_ops(data: bytes, entry_log_id_max: int) -> Iterator[tuple[Any, ...
 
 
 def load_index_records(index: EntryIndex, data: bytes, entry_log_id_max: int) -> None:
-    """Apply :func:`index_log_ops` to an in-memory ``index``."""
+    """Apply :func:`index_log_ops` to an in-memory ``index`` (streamed: no list)."""
     for op in index_log_ops(data, entry_log_id_max):
-        index.put(op[1], op[2], op[3])
+        if op[0] == "put":
+            index.put(op[1], op[2], op[3])
+        else:
+            index.delete_ledger(op[1])

@@ -4,16 +4,21 @@
 Read the checkpoint; cut ``index.log`` and the current entry log to the marked
 lengths and delete newer entry logs; load the index and the ledger state; replay
 the journal from the mark up to the first bad record, cutting the torn tail.
+Loading ``index.log`` honours its deletion markers (:mod:`.index`); the ledgers it
+still has that the checkpoint does not know were deleted before the mark: they are
+dropped before the replay, and the writer appends their deletion marker if the
+replay or a later add re-creates one.
 
 With the on-disk index (``index_backend = "lmdb"``) there is no ``index.log``: the
 index is opened as it is (the last sync, at the checkpoint, or a later commit) and
 the replay re-puts the locations of the journal's adds after the mark and re-applies
 its deletions, in order (idempotent).  A ledger dir written with the in-memory
-index is *migrated*: its ``index.log`` prefix loaded into the emptied KV and synced;
-the checkpoint written at the end of open records the new format, and only then is
-``index.log`` removed (:attr:`_Recovered.remove_index_log`), so a crash at any step
-runs the migration again.  A dir on the on-disk index opened with
-``index_backend = "memory"`` is refused (ConfigError).
+index is *migrated*: its ``index.log`` prefix loaded into the emptied KV (markers
+honoured, ledgers the checkpoint does not know dropped) and synced; the checkpoint
+written at the end of open records the new format, and only then is ``index.log``
+removed (:attr:`_Recovered.remove_index_log`), so a crash at any step runs the
+migration again.  A dir on the on-disk index opened with ``index_backend =
+"memory"`` is refused (ConfigError).
 """
 
 from __future__ import annotations
@@ -142,7 +147,11 @@ def _replay_file(io: FileIO, path: Path, start: int, writer: _EntryLogWriter,
                 items: list[tuple[int, int, Any]] = []
                 ops: list[IndexOp] = []
                 adds = 0
+                due = writer.marks_due
                 for i, (off, record) in enumerate(pairs):
+                    if due and record.ledger_id in due \
+                            and not isinstance(record, DeleteLedgerRecord):
+                        writer.mark_if_due(record.ledger_id)  # a re-created ledger
                     if isinstance(record, AddRecord):
                         end = pairs[i + 1][0] if i + 1 < len(pairs) else good
                         raws.append(view[off:end])
@@ -153,6 +162,7 @@ def _replay_file(io: FileIO, path: Path, start: int, writer: _EntryLogWriter,
                         adds += len(items)
                         raws, items = [], []
                         ops.append(("del", record.ledger_id))
+                        writer.ledger_deleted(record.ledger_id)
                     _apply_replayed(durable, record, now_ms)
                 ops.extend(("put", *r) for r in writer.append(raws, items))
                 _apply_index(index, ops)
@@ -286,7 +296,17 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
             index = MemoryEntryIndex()
             load_index_records(index, data, mark.entry_log_id)  # streamed, no list
         del data
-        stats["entries_indexed"] = len(index)
+        stats["entries_indexed"] = len(index)  # as loaded
+        if not on_disk or migrate:
+            # Loaded from index.log: a ledger the checkpoint does not know was deleted
+            # before it.  Its records are dropped now, before the replay (which may
+            # re-create it), and it is due a deletion marker (the next records of
+            # that id must not join the old ones at the next load).
+            stale = [ledger_id for ledger_id in index.ledger_ids() if ledger_id not in durable]
+            _apply_index(index, [("del", ledger_id) for ledger_id in stale])
+            for ledger_id in stale:
+                writer.ledger_deleted(ledger_id)
+            stats["deleted_ledgers_dropped"] = len(stale)
 
         # Journal: replay from the mark, cut at the first bad record.
         files = list_journal_files(journal_dir, io)
@@ -337,7 +357,9 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
         deleted = [ledger_id for ledger_id in index.ledger_ids() if ledger_id not in durable]
         # garbage collected: its index records are stale
         _apply_index(index, [("del", ledger_id) for ledger_id in deleted])
-        stats["deleted_ledgers_dropped"] = len(deleted)
+        for ledger_id in deleted:
+            writer.ledger_deleted(ledger_id)
+        stats["deleted_ledgers_dropped"] = stats.get("deleted_ledgers_dropped", 0) + len(deleted)
         for ledger_id, d in durable.items():
             ledgers[ledger_id] = LedgerInfo(
                 master_key=d.master_key, fenced=d.fenced, lac=max(d.lac, d.explicit_lac),
