@@ -100,6 +100,9 @@ Modules
 :mod:`.api`
     :class:`LedgerInfo` and the protocols the rest of the bookie uses:
     :class:`Storage` (processor, GC, server) and :class:`RequestStorage`.
+:mod:`.directories`
+    several ledger directories: one :class:`LedgerStorage` each, whole ledgers per
+    directory (:class:`MultiDirStorage`), and :func:`open_storage`.
 :mod:`.ledger_storage`
     :class:`LedgerStorage`: adds, fences, LACs, reads, deletion, checkpoints,
     housekeeping, shutdown.
@@ -124,6 +127,7 @@ Modules
 from .api import LedgerInfo, RequestStorage, Storage
 from .checkpoint import CHECKPOINT_FILE, CHECKPOINT_VERSION, CheckpointMark, read_checkpoint
 from .compaction import COMPACTION_READ_GRACE_S
+from .directories import MultiDirStorage, open_storage
 from .entrylog import ENTRYLOG_DIR, entry_log_name
 from .index import (
     INDEX_FILE,
@@ -151,8 +155,10 @@ __all__ = [
     "LedgerStorage",
     "Location",
     "MemoryEntryIndex",
+    "MultiDirStorage",
     "RequestStorage",
     "Storage",
     "entry_log_name",
+    "open_storage",
     "read_checkpoint",
 ]
