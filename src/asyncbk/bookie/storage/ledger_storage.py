@@ -49,6 +49,14 @@ READ_THREADS = 4
 DISK_USAGE_REFRESH_S = 1.0
 
 
+def _checkpoint_done(task: asyncio.Task[None]) -> None:
+    """Done callback of a checkpoint's task: its failure is its caller's to report, and
+    one whose caller was cancelled fails unobserved (a failed sync has failed the
+    journal and logged already)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _wall_ms(clock: Clock) -> int:
     """The clock's wall time in epoch milliseconds (tombstones are dated with it)."""
     return int(clock.wall_s() * 1000)
@@ -93,6 +101,8 @@ class LedgerStorage:
         self._close_task: asyncio.Task[None] | None = None
         self._housekeeping_task: asyncio.Task[None] | None = None
         self._checkpoint_lock = asyncio.Lock()
+        self._checkpoint_tasks: set[asyncio.Task[None]] = set()
+        """Checkpoints under way or waiting for the lock (see :meth:`checkpoint`)."""
         self._flush_task: asyncio.Task[None] | None = None
         self._unflushed_bytes = 0
         self._entry_log_flushes = 0
@@ -482,7 +492,22 @@ class LedgerStorage:
         the entry log)."""
         if self._journal.failed:
             raise BookieIOError("journal failed: not checkpointing")
+        # Its own task, which the caller's cancellation (the housekeeping task's at
+        # close, a compaction's) does not stop: once captured, the checkpoint alone
+        # holds the entry logs finished since the last one, handed over for their
+        # fdatasync; dropped, they would never be synced, yet the next checkpoint's
+        # mark would cover them and trim the journal, their only durable copy.
+        task = asyncio.get_running_loop().create_task(self._checkpoint(),
+                                                      name="asyncbk-checkpoint")
+        self._checkpoint_tasks.add(task)
+        task.add_done_callback(_checkpoint_done)
+        task.add_done_callback(self._checkpoint_tasks.discard)
+        await asyncio.shield(task)
+
+    async def _checkpoint(self) -> None:
         async with self._checkpoint_lock:
+            if self._journal.failed:  # an entry log sync failed while this one waited
+                raise BookieIOError("journal failed: not checkpointing")
             lacs = {ledger_id: info.lac for ledger_id, info in self._ledgers.items()
                     if info.lac >= 0}
             t0 = time.perf_counter()  # performance timer: only reported (checkpoint_s_*)
@@ -577,6 +602,8 @@ class LedgerStorage:
             await asyncio.wait([task])
         if self._flush_task is not None:  # not cancelled: it owns fds it must close
             await asyncio.wait([self._flush_task])
+        if self._checkpoint_tasks:  # not cancelled either (see checkpoint)
+            await asyncio.wait(list(self._checkpoint_tasks))
         journal = self._journal
         try:
             if graceful:
