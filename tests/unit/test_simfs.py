@@ -126,6 +126,60 @@ def test_fsync_failure_leaves_the_data_kept_or_lost_and_raises_eio() -> None:
     assert outcomes == {bytes(4), b"data"}
 
 
+def _lose_a_write(seed: int) -> tuple[SimFileSystem, SimMount, int] | None:
+    """``b"data"`` written to F and its fdatasync failed; None if the data was kept."""
+    fs, io = fresh(seed)
+    fd = io.create(F, exclusive=True)
+    io.fsync_dir(D)
+    io.write(fd, b"data")
+    fs.fail_fsyncs(1)
+    with pytest.raises(OSError):
+        io.fdatasync(fd)
+    if fs.durable_bytes(F) == b"data":
+        return None
+    return fs, io, fd
+
+
+def test_lost_data_stays_lost_after_later_writes_are_synced() -> None:
+    """The pages lost at a failed fsync are clean: a later fdatasync of the same file
+    writes what was written since, not them."""
+    outcomes = set()
+    for seed in range(20):
+        lost = _lose_a_write(seed)
+        if lost is None:
+            continue
+        fs, io, fd = lost
+        io.write(fd, b"more")
+        io.fdatasync(fd)
+        assert io.read_file(F) == b"datamore"  # cached
+        fs.crash(torn=False)
+        outcomes.add(fs.mount().read_file(F))
+    assert outcomes == {bytes(4) + b"more"}
+
+
+def test_a_file_truncated_or_recreated_after_lost_data_keeps_its_new_data() -> None:
+    """Lost data belongs to the file (the inode), not to its name: cutting it off, or
+    unlinking the file and creating another under the same name, leaves nothing of
+    it to lose."""
+    for seed in range(20):
+        for how in ("truncate", "recreate"):
+            lost = _lose_a_write(seed)
+            if lost is None:
+                continue
+            fs, io, fd = lost
+            if how == "truncate":
+                io.truncate(fd, 0)
+            else:
+                io.close(fd)
+                io.unlink(F)
+                fd = io.create(F, exclusive=True)
+            io.write(fd, b"new")
+            io.fdatasync(fd)
+            io.fsync_dir(D)
+            fs.crash(torn=False)
+            assert fs.mount().read_file(F) == b"new", (seed, how)
+
+
 def test_dead_mount_fails_and_closing_is_a_no_op() -> None:
     fs, io = fresh()
     fd = io.create(F, exclusive=True)

@@ -250,7 +250,8 @@ class SimMount:
             fs._fsync_failures -= 1
             fs.fsync_failures += 1
             if f.unsynced and fs.rng.random() < 0.5:
-                f.durable = bytearray(f.data)  # written back after all
+                for op in f.unsynced:  # written back after all
+                    _apply(f.durable, op)
             else:
                 # Lost: the size reached the disk, the pages did not (zeros there),
                 # and they never will (marked clean); reads still see them, cached.
@@ -258,9 +259,11 @@ class SimMount:
                     _apply(f.durable, (kind, at, bytes(len(data))))
             f.unsynced = []
             raise OSError(errno.EIO, "sim: fsync failed")
-        if f.unsynced:
-            f.durable = bytearray(f.data)
-            f.unsynced = []
+        # What was written since the last fdatasync, not the whole cached content:
+        # pages lost at an earlier failure stay lost (clean in the cache).
+        for op in f.unsynced:
+            _apply(f.durable, op)
+        f.unsynced = []
 
     def truncate(self, fd: int, length: int) -> None:
         o = self._open(fd)
