@@ -78,8 +78,11 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
                        description="Print the checkpoint of a bookie's ledger directory (the "
                        "journal position replay starts from, the current entry log) and its "
                        "journal files. Reads files only; the bookie may be running or not.")
-    p.add_argument("--ledger-dir", required=True)
-    p.add_argument("--journal-dir", required=True)
+    p.add_argument("--ledger-dir", required=True,
+                   help="the bookie's ledger directory (with several: one of them)")
+    p.add_argument("--journal-dir", required=True,
+                   help="its journal directory (with several ledger directories: the i-th "
+                   "journal directory, or ledgers-<i> inside one; see docs/storage.md)")
     add_log_options(p)
 
 
