@@ -1,0 +1,87 @@
+"""``asyncbk stream``: namespaces and streams from the command line.
+
+Commands (each takes ``--metadata-uri``):
+
+* ``namespaces``, ``create-namespace NS [settings]``, ``delete-namespace NS [--force]``;
+* ``list NS [--prefix P]``, ``create NS STREAM [settings]``, ``info NS STREAM [--json]``,
+  ``delete NS STREAM [--force]``, ``truncate NS STREAM --before POSITION``,
+  ``retention NS [STREAM]``;
+* ``write NS STREAM``: one record per line of stdin (without its newline), pipelined,
+  then a summary;
+* ``tail NS STREAM``: records as ``position txid data`` lines or JSON lines, from a
+  position or a txid, following the stream until Ctrl-C (or ``--no-follow``: up to
+  the end it had when the command started; ``--count N``: N records).
+
+Deleting asks on a terminal and needs ``--force`` otherwise.  Errors are one line
+saying what to do.
+
+The parsers are in ``args``; the admin commands (namespaces, streams) in ``admin``;
+``write`` and ``tail`` in ``data``; a stream's segments as rows in ``segments``;
+errors, confirmation and stdout handling in ``common``.  This module checks the
+arguments, connects to the cluster and runs the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+
+from ...errors import BKError
+from ...stream.meta import check_namespace_name, check_stream_name
+from ..security import client_security
+from . import admin, data
+from .args import add_commands
+from .common import cli_error, explain, stdout_gone
+
+__all__ = ["add_commands", "run_stream"]
+
+
+async def _run(args: argparse.Namespace) -> int:
+    """Connect to the cluster and run ``args.stream_command``: ``namespaces`` and
+    ``create-namespace`` on the client, the others on the namespace ``args.namespace``."""
+    from ...stream.client import BookKeeper
+    from ..shell import _require_cluster
+
+    cmd = args.stream_command
+    security = await asyncio.to_thread(client_security, args)
+    async with await BookKeeper.connect(args.metadata_uri, **security) as bk:
+        await _require_cluster(bk, args.metadata_uri)
+        if cmd in admin.ON_CLUSTER:
+            return await admin.ON_CLUSTER[cmd](bk, args)
+        ns = await bk.namespace(args.namespace)
+        command = admin.ON_NAMESPACE.get(cmd) or data.ON_NAMESPACE.get(cmd)
+        return 0 if command is None else await command(ns, args)
+
+
+def run_stream(args: argparse.Namespace, run: Callable[..., int],
+               configure_logging: Callable[..., None]) -> int:
+    """``asyncbk stream COMMAND``: see the package docstring."""
+    if args.stream_command is None:
+        raise cli_error("choose a command: asyncbk stream --help")
+    if hasattr(args, "namespace"):  # bad names fail before anything is contacted
+        check_namespace_name(args.namespace)
+    if getattr(args, "stream", None) is not None:  # (retention's is optional)
+        check_stream_name(args.stream)
+    if args.stream_command == "truncate" and args.before.is_marker():
+        raise cli_error("--before needs a position SEGMENT:ENTRY:SLOT (as tail and info "
+                        "print them), not earliest or latest")
+    if args.stream_command == "write" and args.with_txid and args.txid is not None:
+        raise cli_error("--txid and --with-txid exclude each other: with --with-txid each "
+                        "line gives its txid")
+    configure_logging(args, "warning")
+
+    async def go() -> int:
+        try:
+            return await _run(args)
+        except BKError as exc:
+            raise explain(exc, args) from None
+
+    try:
+        code = run(go)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `asyncbk stream ... | head`: the reader has seen enough
+        stdout_gone()
+        return 0
+    return code

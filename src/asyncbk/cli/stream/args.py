@@ -1,0 +1,188 @@
+"""The ``asyncbk stream`` subcommands' arguments: the parsers, their value types and
+the stream settings (``--ensemble-size`` ... ``--retention-s``) that
+``create-namespace`` and ``create`` take."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from ...meta.model import DIGESTS
+from ...stream.meta import StreamConfig
+from ...stream.position import Position
+from .. import argtypes
+from ..security import add_client_security_options
+
+_DEFAULTS = StreamConfig()
+
+# ------------------------------------------------------------------ argument types
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional binary suffix: 4096, 64K, 256M, 1G (0 turns it off)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    factor = 1
+    if t and t[-1] in "KMGT":
+        factor = 1024 ** ("KMGT".index(t[-1]) + 1)
+        t = t[:-1]
+    try:
+        value = int(t) * factor
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected bytes (e.g. 268435456, 256M, 1G), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+_positive = argtypes.positive_int
+_non_negative = argtypes.non_negative_int
+_seconds = argtypes.non_negative_float
+
+
+def _position(text: str) -> Position:
+    try:
+        return Position.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# ------------------------------------------------------------------ the parser
+
+SETTINGS: list[tuple[str, str, Callable[[str], Any], str, str]] = [
+    # flag, StreamConfig field, type, metavar, help
+    ("--ensemble-size", "ensemble_size", _positive, "E",
+     "bookies each segment's ledger is striped over"),
+    ("--write-quorum", "write_quorum", _positive, "QW", "bookies each entry is written to"),
+    ("--ack-quorum", "ack_quorum", _positive, "QA",
+     "bookies that must have made an entry durable before its records are acknowledged"),
+    ("--digest", "digest", str, "DIGEST", f"digest of each entry ({', '.join(DIGESTS)})"),
+    ("--rolling-bytes", "rolling_bytes", _size, "BYTES",
+     "start a new segment after this many bytes of records (suffixes K, M, G; 0: never)"),
+    ("--rolling-s", "rolling_s", _seconds, "SECONDS",
+     "start a new segment after this long (0: never)"),
+    ("--rolling-entries", "rolling_entries", _non_negative, "RECORDS",
+     "start a new segment after this many records (0: never)"),
+    ("--retention-s", "retention_s", _seconds, "SECONDS",
+     "drop segments completed longer ago than this (0: keep them until truncated)"),
+]
+"""The stream settings ``create-namespace`` takes (its streams' defaults) and
+``create`` may override."""
+
+
+def _add_settings(p: argparse.ArgumentParser, for_stream: bool) -> None:
+    for flag, field, kind, metavar, text in SETTINGS:
+        choices = DIGESTS if field == "digest" else None
+        if for_stream:
+            p.add_argument(flag, dest=field, type=kind, metavar=metavar, default=None,
+                           choices=choices, help=f"{text} (default: the namespace's)")
+        else:
+            p.add_argument(flag, dest=field, type=kind, metavar=metavar, choices=choices,
+                           default=getattr(_DEFAULTS, field), help=text)
+
+
+def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], None],
+                 formatter: type[argparse.HelpFormatter]) -> None:
+    """The ``asyncbk stream`` subcommands, on the subparsers ``sub``."""
+
+    def command(name: str, help_text: str, description: str = "") -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(
+            name, help=help_text, description=description or help_text,
+            formatter_class=formatter)
+        p.add_argument("--metadata-uri", required=True,
+                       help="required: the cluster, etcd://host:port[,host:port...]/<root>")
+        add_client_security_options(p)
+        add_log_options(p)
+        return p
+
+    def names(p: argparse.ArgumentParser, stream: bool = True) -> None:
+        p.add_argument("namespace", metavar="NS", help="namespace name")
+        if stream:
+            p.add_argument("stream", metavar="STREAM", help="stream name (may contain '/')")
+
+    command("namespaces", "list the namespaces")
+    p = command("create-namespace", "create a namespace with the defaults of its streams",
+                "Create a namespace. Its settings are the defaults of the streams created "
+                "in it (each stream may override them).")
+    names(p, stream=False)
+    _add_settings(p, for_stream=False)
+    p = command("delete-namespace", "delete a namespace (and, with --force, its streams)",
+                "Delete a namespace. One that still has streams is deleted with them only "
+                "after confirmation on a terminal, or with --force.")
+    names(p, stream=False)
+    p.add_argument("--force", action="store_true",
+                   help="also delete its streams, without asking (required when stdin is "
+                   "not a terminal)")
+
+    p = command("list", "list the streams of a namespace")
+    names(p, stream=False)
+    p.add_argument("--prefix", default="", help="only streams whose name starts with this")
+    p = command("create", "create a stream", "Create an empty stream. Settings not given "
+                "are the namespace's.")
+    names(p)
+    _add_settings(p, for_stream=True)
+    p = command("info", "a stream's settings and segments",
+                "A stream's settings and its segments: number, ledger, state, first and "
+                "last position, first and last txid, records, bytes. For the open segment, "
+                "what is durable so far.")
+    names(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p = command("delete", "delete a stream and its segments' ledgers",
+                "Delete a stream: fences its writer, removes it, deletes its segments' "
+                "ledgers. Asks first unless --force.")
+    names(p)
+    p.add_argument("--force", action="store_true",
+                   help="delete without asking (required when stdin is not a terminal)")
+    p = command("truncate", "drop the segments wholly before a position",
+                "Drop the completed segments whose records all lie before POSITION, and "
+                "their ledgers. The open segment and the last one are never dropped.")
+    names(p)
+    p.add_argument("--before", type=_position, required=True, metavar="POSITION",
+                   help="required: SEGMENT:ENTRY:SLOT, as tail and info print it")
+
+    p = command("retention", "drop segments older than their stream's retention_s",
+                "Apply retention now: drop the completed segments (and their ledgers) "
+                "completed longer ago than the stream's retention_s, in STREAM or in every "
+                "stream of the namespace. Writers do this when they open and roll; run "
+                "this (e.g. from cron) for streams that no writer writes any more.")
+    p.add_argument("namespace", help="the namespace")
+    p.add_argument("stream", nargs="?", help="one stream (default: every stream of it)")
+    p = command("write", "write stdin to a stream, one record per line",
+                "Write each line of stdin as one record (without its newline; an empty "
+                "line is an empty record), pipelined: many records are in flight and "
+                "batched into ledger entries. Prints a summary once every record is "
+                "durable. Each run opens a new writer, which fences any other writer "
+                "of the stream and starts a new segment.")
+    names(p)
+    p.add_argument("--create", action="store_true",
+                   help="create the stream first if it does not exist")
+    p.add_argument("--txid", type=_non_negative, default=None, metavar="TXID",
+                   help="txid of the first record, the next ones counting up from it "
+                   "(default: the stream's last txid + 1)")
+    p.add_argument("--with-txid", action="store_true",
+                   help="each line is 'TXID DATA' (one space or tab between): the record "
+                   "is DATA with that txid")
+    p.add_argument("--end", action="store_true",
+                   help="after the last line, end the stream: readers stop there and no "
+                   "writer can open it again")
+    p = command("tail", "print a stream's records, following it",
+                "Print records as 'POSITION TXID DATA' lines (DATA as text when it is "
+                "UTF-8 without control characters other than tab, else 'hex:' and its hex "
+                "digits) or as JSON lines. Follows the stream until Ctrl-C unless --no-follow or --count.")
+    names(p)
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--from", dest="start", type=_position, default=Position.EARLIEST,
+                       metavar="POSITION",
+                       help="SEGMENT:ENTRY:SLOT, 'earliest' or 'latest' (only new records)")
+    start.add_argument("--txid", type=_non_negative, default=None, metavar="TXID",
+                       help="start at the first record whose txid is >= TXID (default: "
+                       "use --from)")
+    p.add_argument("--json", action="store_true",
+                   help='JSON lines: {"position", "txid", "data"} ("data" null and '
+                   '"data_hex" when the data is not UTF-8)')
+    p.add_argument("--count", type=_positive, default=None, metavar="N",
+                   help="stop after N records (default: no limit)")
+    p.add_argument("--no-follow", action="store_true",
+                   help="stop at the end the stream had when the command started")
+
