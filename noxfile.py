@@ -85,9 +85,13 @@ def nemesis(session: nox.Session) -> None:
 def sim(session: nox.Session) -> None:
     """Many more simulator seeds than the default test run: SIM_SEEDS (default 10000)
     of each seeded simulation (the cluster runs of tests/sim/test_sim.py and the storage
-    crash runs of tests/sim/test_storage_crashes.py), all over the real bookie storage."""
+    crash runs of tests/sim/test_storage_crashes.py), and a power cut before every file
+    operation of 20 workloads (tests/sim/test_crash_points.py), all over the real bookie
+    storage."""
     session.install("-e", ".[test]")
     session.env.setdefault("SIM_SEEDS", "10000")
+    session.env.setdefault("CRASH_POINTS", "all")  # tests/sim/test_crash_points.py
+    session.env.setdefault("CRASH_WORKLOADS", "20")
     session.env["PYTHONHASHSEED"] = "0"
     session.run("pytest", "tests/sim", "-q", *session.posargs)
 

@@ -224,3 +224,22 @@ def test_inline_offload_keeps_one_thread_workers_in_order_and_takes_virtual_time
     order, took = run_sim(main)
     assert order == list(range(20))
     assert 0.02 <= took <= 0.2
+
+
+def test_a_power_cut_strikes_just_before_the_chosen_operation() -> None:
+    fs, io = fresh()
+    fd = io.create(F, exclusive=True)
+    io.fsync_dir(D)
+    crashed: list[bool] = []
+    fs.power_cut_after(3, torn=False, then=lambda: crashed.append(True))
+    io.write(fd, b"abc")  # 1
+    io.fdatasync(fd)  # 2
+    before = fs.ops
+    with pytest.raises(OSError) as exc:
+        io.write(fd, b"def")  # 3: the machine dies first
+    assert exc.value.errno == errno.EIO and crashed == [True] and fs.crashes == 1
+    assert fs.ops == before + 1
+    io.close(fd)  # closing after the cut is quiet, as for a crash
+    assert fs.mount().read_file(F) == b"abc"  # the synced part, nothing of the cut write
+    with pytest.raises(ValueError):
+        fs.power_cut_after(0, torn=False)

@@ -98,6 +98,9 @@ class SimFileSystem:
         self._mount: SimMount | None = None
         self._fsync_failures = 0
         self._full = False
+        self._cut: tuple[int, bool, Callable[[], None] | None] | None = None
+        self.ops = 0
+        """File operations so far (every call of a mount counts one)."""
         self.crashes = 0
         self.fsync_failures = 0
         """fdatasyncs failed on purpose so far."""
@@ -135,6 +138,15 @@ class SimFileSystem:
             d.entries = dict(d.durable)
         live = {id(f) for d in self._dirs.values() for f in d.entries.values()}
         self._files = [f for f in self._files if id(f) in live]
+
+    def power_cut_after(self, ops: int, torn: bool,
+                        then: Callable[[], None] | None = None) -> None:
+        """The machine dies just before the ``ops``-th file operation from now (1: the
+        next one): :meth:`crash` (``torn``), then ``then()`` (e.g. the index store's
+        crash), and that operation and every later one of the mount fail with EIO."""
+        if ops < 1:
+            raise ValueError("ops must be >= 1")
+        self._cut = (ops, torn, then)
 
     def fail_fsyncs(self, count: int = 1) -> None:
         """The next ``count`` fdatasyncs raise ``EIO`` (module docstring)."""
@@ -193,6 +205,18 @@ class SimMount:
         self.alive = True
 
     def _check(self) -> None:
+        fs = self.fs
+        fs.ops += 1
+        cut = fs._cut
+        if cut is not None and self.alive:
+            left, torn, then = cut
+            if left > 1:
+                fs._cut = (left - 1, torn, then)
+            else:
+                fs._cut = None
+                fs.crash(torn)
+                if then is not None:
+                    then()
         if not self.alive:
             raise OSError(errno.EIO, "sim: the machine crashed")
 
@@ -281,7 +305,12 @@ class SimMount:
     def close(self, fd: int) -> None:
         if not self.alive:
             return  # the crash closed everything
-        self._open(fd)
+        try:
+            self._open(fd)
+        except OSError:
+            if not self.alive:
+                return  # the machine died at this very call (power_cut_after)
+            raise
         del self.fs._fds[fd]
 
     def read_file(self, path: Path) -> bytes:
