@@ -36,6 +36,9 @@ class BookieConfig:
     and record them; without it a changed directory list refuses to start."""
     advertised_host: str = ""
     """Host part of the bookie id; defaults to ``host``."""
+    rack: str = ""
+    """Network location ``/region/rack`` or ``/rack``, registered for clients'
+    rack- and region-aware placement (``""``: ``/default-region/default-rack``)."""
 
     # wire
     frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
@@ -149,6 +152,7 @@ class BookieConfig:
                         "connection_requests_max")
         if self.connection_idle_timeout_s < 0:
             raise ConfigError("connection_idle_timeout_s must be >= 0")
+        _check_location("rack", self.rack)
         if self.journal_group_wait_ms_max < 0:
             raise ConfigError("journal_group_wait_ms_max must be >= 0")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
@@ -253,6 +257,24 @@ class ClientConfig:
     bookie_addresses: dict[str, str] = field(default_factory=dict)
     """Connect to another ``host:port`` than the bookie id (e.g. a proxy in front of it)."""
 
+    # placement (see docs/placement.md)
+    placement_policy: str = "random"
+    """How ensembles are chosen: ``"random"``, ``"rack-aware"`` or ``"region-aware"``."""
+    min_racks_per_write_quorum: int = 2
+    """Rack- and region-aware: racks every write set spans at least (capped at the
+    write quorum), when the bookies available allow it."""
+    min_regions_per_write_quorum: int = 2
+    """Region-aware: regions every write set spans at least (capped at the write quorum)."""
+    enforce_placement: bool = False
+    """Fail (PlacementError) when the minimum racks/regions cannot be met, instead of
+    using the best ensemble available with a warning."""
+    bookie_racks: dict[str, str] = field(default_factory=dict)
+    """Bookie id -> network location ``/region/rack``, winning over what the bookies
+    registered (a static mapping)."""
+    client_location: str = ""
+    """This client's network location: reads ask replicas in its rack first, then in
+    its region (``""``: no preference, the write set's order)."""
+
     def validate(self) -> ClientConfig:
         _check_positive(self, "add_timeout_s", "read_timeout_s", "connect_timeout_s",
                         "metadata_timeout_s", "pending_adds_max", "frame_bytes_max",
@@ -264,6 +286,18 @@ class ClientConfig:
                      "explicit_lac_interval_s", "bookie_quarantine_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
+        from .client.placement import POLICIES
+
+        if self.placement_policy not in POLICIES:
+            raise ConfigError(f"placement_policy must be one of {', '.join(POLICIES)}, "
+                              f"not {self.placement_policy!r}")
+        _check_positive(self, "min_racks_per_write_quorum", "min_regions_per_write_quorum")
+        if self.client_location:
+            _check_location("client_location", self.client_location)
+        for bookie, location in self.bookie_racks.items():
+            if not isinstance(bookie, str) or not isinstance(location, str):
+                raise ConfigError("bookie_racks must map bookie ids to locations (str)")
+            _check_location(f"bookie_racks[{bookie!r}]", location)
         return self
 
 
@@ -280,6 +314,15 @@ def _check_positive(cfg: Any, *names: str) -> None:
         value = getattr(cfg, name)
         if not value > 0:
             raise ConfigError(f"{name} must be > 0, got {value!r}")
+
+
+def _check_location(name: str, value: str) -> None:
+    from .client.topology import normalize_location
+
+    try:
+        normalize_location(value)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
 
 
 def from_mapping(cls: type[T], values: dict[str, Any], source: str = "options") -> T:

@@ -19,6 +19,11 @@ class NotEnoughBookiesError(BKError):
     """Fewer writable bookies are registered than the ensemble needs."""
 
 
+class PlacementError(NotEnoughBookiesError):
+    """An enforced placement constraint (racks or regions per write set) cannot be met
+    with the bookies available; the message says which, and what was available."""
+
+
 class LedgerFencedError(BKError):
     """The ledger was fenced by a recovery: this writer can add nothing more."""
 

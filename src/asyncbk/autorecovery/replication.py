@@ -22,7 +22,7 @@ of the other's.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -96,9 +96,8 @@ async def replicate_ledger(bk: BookKeeper, ledger_id: int, available: set[Bookie
         if not lost or is_open_tail:
             index += 1
             continue
-        exclude = set(ensemble)
-        choices = [b for b in writable if b not in exclude]
-        new_bookies = await _pick_replacements(bk, len(lost), choices, unusable)
+        new_bookies = await _pick_replacements(bk, ensemble, lost, md.write_quorum, writable,
+                                               unusable)
         if len(new_bookies) < len(lost):
             raise NotEnoughBookiesError(
                 f"ledger {ledger_id} fragment at {first}: {len(lost)} replacement(s) needed, "
@@ -128,29 +127,40 @@ async def replicate_ledger(bk: BookKeeper, ledger_id: int, available: set[Bookie
 PROBE_TIMEOUT_S = 3.0
 
 
-async def _pick_replacements(bk: BookKeeper, count: int, choices: list[BookieId],
+async def _pick_replacements(bk: BookKeeper, ensemble: Sequence[BookieId], lost: list[int],
+                             write_quorum: int, writable: list[BookieId],
                              unusable: set[BookieId]) -> list[BookieId]:
-    """Up to ``count`` bookies from ``choices`` (placement order) that answer as writable.
-    A bookie can stay registered for a lease TTL after it died: it is asked first."""
+    """Replacements for the ``lost`` positions of ``ensemble`` (in that order), chosen by
+    the client's placement policy among ``writable`` bookies outside the ensemble that
+    answer as writable; fewer if too few answer.  A bookie can stay registered for a
+    lease TTL after it died: each proposed one is asked first, and one that does not
+    answer is left out of the next proposal."""
     from ..proto import BookieInfoRequest, BookieInfoResponse
 
-    candidates = [b for b in choices if b not in unusable]
-    order = bk.placement.new_ensemble(len(candidates), candidates) if candidates else []
-    picked: list[BookieId] = []
-    for bookie in order:
-        if len(picked) == count:
+    current = list(ensemble)
+    todo = list(lost)
+    picked: dict[int, BookieId] = {}
+    while todo:
+        candidates = [b for b in writable if b not in unusable and b not in ensemble]
+        if len(candidates) < len(todo):
             break
-        ch = bk.bookie_client.channel(bookie)
-        try:
-            resp = await ch.request(BookieInfoRequest(ch.next_request_id()), PROBE_TIMEOUT_S)
-        except BKError:
-            unusable.add(bookie)
-            continue
-        if isinstance(resp, BookieInfoResponse) and resp.state == "writable":
-            picked.append(bookie)
-        else:
-            unusable.add(bookie)
-    return picked
+        proposal = bk.placement.replace(current, todo, write_quorum, candidates,
+                                        bk.bookies.locations())
+        for pos, bookie in zip(todo, proposal, strict=True):
+            ch = bk.bookie_client.channel(bookie)
+            try:
+                resp = await ch.request(BookieInfoRequest(ch.next_request_id()),
+                                        PROBE_TIMEOUT_S)
+            except BKError:
+                unusable.add(bookie)
+                continue
+            if isinstance(resp, BookieInfoResponse) and resp.state == "writable":
+                picked[pos] = bookie
+                current[pos] = bookie
+            else:
+                unusable.add(bookie)
+        todo = [p for p in todo if p not in picked]
+    return [picked[p] for p in lost if p in picked]
 
 
 def _unexpected(bookie: BookieId, resp: object, request: str, expected: type) -> str:

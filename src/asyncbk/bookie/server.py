@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .._version import __version__
+from ..client.topology import LOCATION_KEY, normalize_location
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import BookieConfig
 from ..errors import BKError, ConfigError
@@ -137,7 +138,8 @@ class BookieServer:
                 idle_timeout_s=cfg.connection_idle_timeout_s,
             )
             await self.listener.start(cfg.host, cfg.port)
-            info: dict[str, Any] = {"version": __version__}
+            info: dict[str, Any] = {"version": __version__,
+                                    LOCATION_KEY: normalize_location(cfg.rack)}
             if cfg.http_enabled:
                 self.http = AdminHttpServer(
                     self, cfg.http_host, cfg.http_port, self.http_extra_routes,

@@ -21,7 +21,7 @@ from ..types import BookieId
 from .bookies import WRITABLE_STATE, BookieWatcher
 from .context import ClientContext, ClientStats
 from .ledger import LedgerHandle, ReadHandle
-from .placement import Quarantine, RandomPlacement
+from .placement import PlacementPolicy, Quarantine, make_policy
 from .recovery import LedgerRecoveryOp
 
 __all__ = ["WRITABLE_STATE", "BookKeeper", "BookieWatcher", "ClientContext", "ClientStats"]
@@ -44,15 +44,20 @@ class BookKeeper:
             connector=connector or tcp_connector(config.bookie_addresses, ssl),
             token=token.encode() if token is not None else None,
         )
-        self.placement = RandomPlacement(rng)
+        self._log = get_logger()
+        self.placement: PlacementPolicy = make_policy(
+            config.placement_policy, min_racks_per_write_quorum=config.min_racks_per_write_quorum,
+            min_regions_per_write_quorum=config.min_regions_per_write_quorum,
+            enforce=config.enforce_placement, rng=rng, log=self._log)
+        """Chooses ensembles and replacements (``placement_policy``)."""
         self.quarantine = Quarantine(config.bookie_quarantine_s)
         self.stats = ClientStats()
-        self.bookies = BookieWatcher(meta, self._on_bookie_registered)
+        self.bookies = BookieWatcher(meta, self._on_bookie_registered,
+                                     static_locations=config.bookie_racks)
         self.context = ClientContext(meta=meta, config=config, bookie_client=self.bookie_client,
                                      bookies=self.bookies, placement=self.placement,
                                      quarantine=self.quarantine, stats=self.stats)
         """What handles and recoveries are given (they never hold the client)."""
-        self._log = get_logger()
         self._closed = False
 
     def _on_bookie_registered(self, bookie: BookieId, session: Any) -> None:
@@ -145,7 +150,8 @@ class BookKeeper:
         quarantined = self.quarantine.active()
         if len(set(writable) - quarantined) < ensemble_size:
             quarantined = set()  # a new ledger may use a recently failed bookie, not wait
-        ensemble = self.placement.new_ensemble(ensemble_size, writable, exclude=quarantined)
+        ensemble = self.placement.new_ensemble(ensemble_size, write_quorum, writable,
+                                               self.bookies.locations(), exclude=quarantined)
         ledger_id = await self.meta.allocate_ledger_id()
         md = new_metadata(ledger_id, ensemble, write_quorum, ack_quorum, digest, password, custom,
                           int(time.time() * 1000))
@@ -187,3 +193,9 @@ class BookKeeper:
 
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         return await self.meta.read_ledger(ledger_id)
+
+    def bookie_locations(self) -> dict[BookieId, str]:
+        """The network location (``/region/rack``) of every bookie this client knows:
+        what the bookies registered, ``bookie_racks`` winning; others are in
+        ``/default-region/default-rack``."""
+        return dict(self.bookies.locations())

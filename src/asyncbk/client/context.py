@@ -22,7 +22,7 @@ from ..proto import BookieInfoRequest, BookieInfoResponse, Status
 from ..stats import LatencyHistogram
 from ..types import BookieId
 from .bookies import WRITABLE_STATE, BookieWatcher
-from .placement import Quarantine, RandomPlacement
+from .placement import PlacementPolicy, Quarantine
 
 
 class ClientStats:
@@ -48,7 +48,7 @@ class ClientContext:
     """Channels to the bookies."""
     bookies: BookieWatcher
     """Which bookies are registered, and writable."""
-    placement: RandomPlacement
+    placement: PlacementPolicy
     quarantine: Quarantine
     stats: ClientStats
     clock: Clock = LOOP_CLOCK

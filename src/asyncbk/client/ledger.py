@@ -314,8 +314,9 @@ class LedgerHandle(ReadHandle):
                 keep = [p for p in failed if ensemble[p] in back
                         and ensemble[p] in writable and ensemble[p] not in quarantined]
                 try:
-                    replacements = self._ctx.placement.new_ensemble(
-                        len(failed) - len(keep), writable, exclude=set(ensemble) | quarantined)
+                    replacements = self._ctx.placement.replace(
+                        ensemble, [p for p in failed if p not in keep], md.write_quorum,
+                        writable, self._ctx.bookies.locations(), exclude=quarantined)
                 except NotEnoughBookiesError:
                     if not await self._no_replacement(failed, ensemble, writable, quarantined,
                                                       back):

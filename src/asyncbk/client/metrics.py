@@ -35,6 +35,9 @@ class ClientCollector:
         yield f.counter("read_entries", "entries read", st.read_entries)
         yield f.counter("ensemble_changes", "bookies replaced by this client's writers",
                         st.ensemble_changes)
+        yield f.counter("placement_fallbacks", "ensembles and replacements that could not "
+                        "meet the placement policy's racks/regions per write set (best "
+                        "available used instead)", self.bk.placement.fallbacks)
 
 
 __all__ = ["ClientCollector"]

@@ -53,6 +53,7 @@ from ..types import BookieId, LedgerEntry
 from .context import ClientContext
 from .digest import DigestManager, master_key
 from .quorum import write_set
+from .topology import normalize_location, read_order
 
 READ_WINDOW_ENTRIES_MAX = 1024
 """Entry reads in flight for one ``read`` call."""
@@ -103,6 +104,16 @@ class ReadHandle:
         self._master_key = master_key(password)
         self._lac = metadata.last_entry_id if metadata.is_closed else -1
         self._log = ctx.logger(ledger_id=metadata.ledger_id)
+        location = ctx.config.client_location
+        self._location = normalize_location(location) if location else ""
+        """The client's location (reads prefer replicas near it), ``""``: none."""
+
+    def _read_order(self, replicas: list[BookieId]) -> list[BookieId]:
+        """``replicas`` in the order to read them: near the client first, if it has a
+        location (``client_location``)."""
+        if not self._location:
+            return replicas
+        return read_order(replicas, self._ctx.bookies.locations(), self._location)
 
     @property
     def id(self) -> int:
@@ -192,8 +203,8 @@ class ReadHandle:
         wait_s = cfg.speculative_read_timeout_s or cfg.read_timeout_s
         entries: list[LedgerEntry] = []
         pos = first
-        for k in range(len(ensemble)):
-            bookie = ensemble[(start + k) % len(ensemble)]
+        size = len(ensemble)
+        for bookie in self._read_order([ensemble[(start + k) % size] for k in range(size)]):
             while pos <= last:
                 got = await self._read_batch_from(bookie, pos, last - pos + 1, wait_s)
                 if not got:
@@ -243,7 +254,8 @@ class ReadHandle:
     async def _read_entry(self, entry_id: int) -> LedgerEntry:
         md = self._metadata
         ensemble = md.ensemble_at(entry_id)
-        replicas = [ensemble[p] for p in write_set(entry_id, md.ensemble_size, md.write_quorum)]
+        replicas = self._read_order(
+            [ensemble[p] for p in write_set(entry_id, md.ensemble_size, md.write_quorum)])
         cfg = self._ctx.config
         speculate_s = cfg.speculative_read_timeout_s or None
         errors: list[BKError] = []
