@@ -70,6 +70,11 @@ class BookieConfig:
     index_backend: str = "memory"
     """Where the entry index lives: ``"memory"`` (rebuilt from ``index.log`` at start)
     or ``"lmdb"`` (on disk, bounded memory; a memory-backend dir is migrated)."""
+    index_write_cache_entries_max: int = 200_000
+    """With ``index_backend = "lmdb"``: the index changes since the last checkpoint are
+    kept in memory (a write cache, flushed to LMDB in one synced transaction per
+    checkpoint); past this many keys (about 2 per entry added) a checkpoint starts
+    early."""
 
     # garbage collection and compaction (see asyncbk.bookie.gc)
     gc_interval_s: float = 60.0
@@ -182,6 +187,8 @@ class BookieConfig:
         if self.index_backend not in ("memory", "lmdb"):
             raise ConfigError(f"index_backend must be \"memory\" or \"lmdb\", "
                               f"not {self.index_backend!r}")
+        if self.index_write_cache_entries_max <= 0:
+            raise ConfigError("index_write_cache_entries_max must be > 0")
         if self.entry_log_flush_bytes < 0:
             raise ConfigError("entry_log_flush_bytes must be >= 0")
         if self.entry_log_bytes_max >= 1 << 32:

@@ -15,8 +15,8 @@ a clean close.  After each restart (the real recovery) the checks:
    entry of before its deletion.
 
 Every seed runs with both entry index backends: ``memory`` (index.log) and ``lmdb``
-(the on-disk index; here a :class:`~asyncbk.testing.simkv.SimKV`, crashed with the
-file system: the last sync or any later commit survives).
+(the on-disk index: the real write cache over a :class:`~asyncbk.testing.simkv.SimKV`,
+crashed with the file system: the cache is lost, the SimKV keeps its last flush).
 
 SIM_SEEDS seeds (500 unless the environment says more; ``nox -s sim`` runs 10,000),
 from SIM_FIRST_SEED.  A failure names its seed; ``run_storage_crashes(seed)``
@@ -86,10 +86,13 @@ class _Run:
             "checkpoint_interval_s": rng.choice([0.02, 0.1, 0.5]),
             "journal_flush_when_queue_empty": rng.random() < 0.7,
             "index_backend": self.backend,
+            # (its own draw: the other choices stay those of the seed before)
+            "index_write_cache_entries_max": random.Random(self.seed).choice([8, 64, 200_000]),
         }).validate()
         for _ in range(rng.randint(2, 5)):
             self.stats["rounds"] += 1
             storage = await self.open(config)
+            assert (storage._kv_cache is not None) == (self.backend == "lmdb")
             recovery = storage.statistics()["recovery"]
             self.log(f"open: {({k: n for k, n in recovery.items() if k != 'recovery_s'})}")
             await self.check(storage)

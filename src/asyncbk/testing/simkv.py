@@ -9,6 +9,15 @@ commit, drawn from the seeded RNG: never a torn transaction.  With a
 fsync failures (:meth:`~asyncbk.testing.simfs.SimFileSystem.fail_fsyncs`): it raises
 EIO and the commits since the last sync may or may not survive a crash, as after
 any failed sync.
+
+The storage runs it behind its real write cache
+(:class:`~asyncbk.bookie.storage.writecache.WriteCacheKV`), which commits here only
+when it flushes (at checkpoints, in start-up work) and syncs right after each
+commit: commit plus sync is one LMDB commit with ``sync=True`` (durable once it
+returned), and a sync that fails is such a commit failing in its fsync (its
+transaction may or may not survive a crash; the cache keeps the data and the
+storage fails the journal).  The draw among commits without a sync is kept for
+direct users of the seam; the cache never leaves a commit unsynced on purpose.
 """
 
 from __future__ import annotations

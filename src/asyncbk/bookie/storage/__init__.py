@@ -33,10 +33,13 @@ On disk
     re-creation writes its marker again).
 ``ledger_dir/index.lmdb/``
     With ``index_backend = "lmdb"`` instead of index.log: the index on disk
-    (:mod:`.kvindex`, over the :mod:`.kv` seam), one LMDB transaction per journal
-    batch on the writer thread, synced at checkpoints (checkpoint version 2).  At
-    start, entries placed after the mark are cut and the journal replay re-puts
-    them.  A memory-backend dir is migrated (index.log loaded with its deletion
+    (:mod:`.kvindex`, over the :mod:`.kv` seam).  Each journal batch's index changes
+    are one transaction on the writer thread into a bounded in-memory write cache
+    (:mod:`.writecache`, ``index_write_cache_entries_max``; past it a checkpoint
+    starts early), frozen at each checkpoint's capture and written to LMDB as one
+    fully synced transaction before the checkpoint (version 2) is written, so the
+    LMDB file survives a power cut whole.  At start, entries placed after the mark
+    are cut and the journal replay re-puts them.  A memory-backend dir is migrated (index.log loaded with its deletion
     markers, synced, checkpoint, index.log removed; a crash re-runs it); an lmdb
     dir opened with "memory" is refused.  See docs/storage.md.
 ``ledger_dir/checkpoint``

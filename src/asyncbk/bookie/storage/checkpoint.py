@@ -4,8 +4,9 @@ atomically) and the journaled ledger state it records.
 :class:`_DurableState` is every ledger's state as of the last journal batch
 written, kept by the journal's writer thread (:func:`_apply_op`, per batch) so
 that :func:`_capture` can snapshot exactly the state of the journal prefix a
-checkpoint covers; :func:`_make_durable` then (another thread) fsyncs the entry
-logs and index and writes the checkpoint.
+checkpoint covers (and freeze the on-disk index's write cache at that point);
+:func:`_make_durable` then (another thread) fsyncs the entry logs, flushes the
+frozen index changes into LMDB and writes the checkpoint.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ...errors import BookieIOError
 from ..fileio import OS_FILE_IO, FileIO
 from ..journal_format import TYPE_DELETE_LEDGER, TYPE_EXPLICIT_LAC, TYPE_FENCE, TYPE_LEDGER_KEY
 from .entrylog import ENTRYLOG_DIR, _EntryLogWriter, _sync_and_close
+from .writecache import WriteCacheKV
 
 CHECKPOINT_FILE = "checkpoint"
 CHECKPOINT_VERSION = 1
@@ -47,8 +49,9 @@ class _CheckpointWork:
     key: tuple[Any, ...]
     payload: dict[str, Any]
     fds: list[int]
-    kv: Any = None
-    """The on-disk index to sync before the checkpoint is written (None: index.log)."""
+    kv: WriteCacheKV | None = None
+    """The on-disk index's write cache, frozen at the capture: flushed before the
+    checkpoint is written (None: index.log)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,12 +159,17 @@ def _write_checkpoint(ledger_dir: Path, payload: dict[str, Any],
 
 def _capture(position: tuple[int, int], writer: _EntryLogWriter, durable: _DurableState,
              lacs: dict[int, int], now_ms: int, tombstone_s: float,
-             last_key: tuple[Any, ...] | None, kv: Any = None) -> _CheckpointWork | None:
+             last_key: tuple[Any, ...] | None, kv: WriteCacheKV | None = None
+             ) -> _CheckpointWork | None:
     """Writer thread, between batches: what a checkpoint at journal ``position``
     records, None if that is what the last one (``last_key``) recorded.  ``lacs``: the
     loop's LACs, merged in; ``now_ms``: the clock's wall time when the checkpoint
     began (tombstones older than ``tombstone_s`` are dropped); ``kv``: the on-disk
-    index (synced before the checkpoint is written), None with index.log."""
+    index's write cache, None with index.log: frozen here, between batches, so the
+    flush before the checkpoint is written holds exactly the index changes of the
+    batches the mark covers (never more: a compaction's relocation after the mark,
+    flushed and then cut at start as "placed after the mark", would lose the
+    entries it moved)."""
     seq, offset = position
     key = (seq, offset, writer.log_id, writer.length, writer.index_length, lacs)
     if key == last_key:
@@ -188,6 +196,7 @@ def _capture(position: tuple[int, int], writer: _EntryLogWriter, durable: _Durab
     }
     if kv is not None:
         payload["index"] = "lmdb"  # (the memory backend's checkpoint stays v1's bytes)
+        kv.freeze()
     return _CheckpointWork(key, payload, writer.take_for_sync(), kv)
 
 
@@ -196,5 +205,5 @@ def _make_durable(io: FileIO, work: _CheckpointWork, ledger_dir: Path) -> None:
     _sync_and_close(io, work.fds)
     io.fsync_dir(ledger_dir / ENTRYLOG_DIR)  # entry logs created since the last one
     if work.kv is not None:
-        work.kv.sync()  # every index commit up to the mark (and maybe more) durable
+        work.kv.flush()  # every index commit up to the mark durable (one LMDB commit)
     _write_checkpoint(ledger_dir, work.payload, io)

@@ -2,13 +2,20 @@
 implementation on LMDB.
 
 :class:`IndexKV` is a sorted map of byte keys with atomic write transactions:
-readers (any thread) see the last committed state; one writer at a time (the
-journal's writer thread, or the recovery thread during open) opens a
-:class:`KVWrite`, which reads its own writes, and commits it.  A commit is atomic
-but not durable; :meth:`IndexKV.sync` makes every commit so far durable.  After a
-crash the state is that of the last sync or of any commit after it, never a torn
-transaction (LMDB's guarantee without ``writemap``; the simulator's
-:class:`~asyncbk.testing.simkv.SimKV` draws one of them).
+readers (any thread) see the last committed state; one writer at a time opens a
+:class:`KVWrite`, which reads its own writes, and commits it.  A commit is atomic;
+:meth:`IndexKV.sync` makes every commit so far durable.  After a crash the state is
+that of the last sync or of any commit after it, never a torn transaction.
+
+The storage puts a :class:`~.writecache.WriteCacheKV` in front of the LMDB one:
+the journal's batches commit to the cache's in-memory overlay, and the LMDB
+environment sees one write transaction per checkpoint (the cache's flush, plus
+start-up work).  :class:`LmdbKV` therefore commits durably: ``sync=True,
+metasync=True`` (LMDB writes and fsyncs the data pages, then writes and fsyncs
+the meta page), never ``writemap``, so a committed transaction survives a power
+cut whole and the B-tree never depends on the file system's write order.  The
+simulator's :class:`~asyncbk.testing.simkv.SimKV` models it as a commit followed
+at once by a sync.
 
 The write side is a transaction object rather than a bare ``put_batch`` because
 the index reads inside it (the location an entry had, to keep the live bytes of
@@ -127,10 +134,11 @@ class _LmdbWrite:
 
 
 class LmdbKV:
-    """:class:`IndexKV` on one LMDB environment (``sync=False``: commits are not
-    flushed; :meth:`sync` is ``env.sync(True)``; never ``writemap``, which can tear
-    the file on a crash).  The map is :data:`LMDB_MAP_BYTES` of address space, so it
-    never fills in practice; if it does, the write fails (and with it the journal)."""
+    """:class:`IndexKV` on one LMDB environment: every commit durable (``sync=True,
+    metasync=True``; module docstring); :meth:`sync` is ``env.sync(True)``; never
+    ``writemap``, which can tear the file on a crash.  The map is
+    :data:`LMDB_MAP_BYTES` of address space, so it never fills in practice; if it
+    does, the write fails (and with it the checkpoint, and the journal)."""
 
     def __init__(self, path: Path) -> None:
         import lmdb  # optional dependency: only a bookie with index_backend = "lmdb"
@@ -139,7 +147,7 @@ class LmdbKV:
         os.makedirs(path, exist_ok=True)
         try:
             self._env = lmdb.open(str(path), map_size=LMDB_MAP_BYTES, subdir=True,
-                                  sync=False, metasync=False, readahead=False,
+                                  sync=True, metasync=True, readahead=False,
                                   max_dbs=0, max_readers=256)
         except lmdb.Error as exc:
             raise BookieIOError(f"cannot open the index {path}: {exc}") from exc

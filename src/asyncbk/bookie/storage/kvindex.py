@@ -19,7 +19,9 @@ Keys (big-endian, so a ledger's entries are contiguous and in id order):
 Writes happen only on the thread that owns the storage's writes (the journal's
 writer thread; the recovery thread during open), one transaction per journal
 batch (:meth:`apply`), with the live-byte counters and the count updated in the
-same transaction, so they are exact after any crash.  Reads (:meth:`get`,
+same transaction, so they are exact after any crash.  (In the storage the KV is the
+write cache of :mod:`.writecache` in front of LMDB: these transactions reach LMDB
+whole, at checkpoints.)  Reads (:meth:`get`,
 :meth:`run`, ...) are on the loop and see the last commit.  Memory does not grow
 with the entries stored: nothing is kept per entry, only the ledgers whose
 deletion is still on its way to the writer (:meth:`hide`).

@@ -93,6 +93,8 @@ class LedgerStorage:
         self._index: EntryIndex | KVEntryIndex = recovered.index
         self._kv_index = recovered.kv_index
         """The on-disk index (written on the writer thread), None: the in-memory one."""
+        self._kv_cache = recovered.kv_cache
+        """Its write cache: past its bound, a checkpoint starts early (apply_on_loop)."""
         self._reader = _EntryLogReader(ledger_dir / ENTRYLOG_DIR, io)
         self._recovery_stats = recovered.stats
         self._journal = Journal(journal_dir, config, first_seq=recovered.next_seq, sink=self,
@@ -127,6 +129,8 @@ class LedgerStorage:
             for log_id, _, length in self._index.locations():
                 self._log_live[log_id] = self._log_live.get(log_id, 0) + length
         self._checkpoints_skipped = 0
+        self._checkpoints_early = 0
+        self._index_cache_keys_max = 0
         self._checkpoint_s_last = 0.0
         self._checkpoint_s_max = 0.0
         self._journal_files_deleted = 0
@@ -419,6 +423,17 @@ class LedgerStorage:
                     live[old[0]] -= old[2]
             if entry_id > info.last_entry_id:
                 info.last_entry_id = entry_id
+        cache = self._kv_cache
+        if cache is not None:
+            cached = cache.cached_entries
+            if cached > self._index_cache_keys_max:
+                self._index_cache_keys_max = cached
+        if cache is not None and cache.over_limit and not self._checkpoint_tasks \
+                and not self._closed and not self._journal.failed:
+            # The index write cache is past its bound: a checkpoint flushes it (its
+            # capture, on the writer thread, starts a new overlay).
+            self._checkpoints_early += 1
+            self._start_checkpoint()
         flush_bytes = self._config.entry_log_flush_bytes
         if flush_bytes and written:
             self._unflushed_bytes += written
@@ -492,17 +507,21 @@ class LedgerStorage:
         the entry log)."""
         if self._journal.failed:
             raise BookieIOError("journal failed: not checkpointing")
-        # Its own task, which the caller's cancellation (the housekeeping task's at
-        # close, a compaction's) does not stop: once captured, the checkpoint alone
-        # holds the entry logs finished since the last one, handed over for their
-        # fdatasync; dropped, they would never be synced, yet the next checkpoint's
-        # mark would cover them and trim the journal, their only durable copy.
+        await asyncio.shield(self._start_checkpoint())
+
+    def _start_checkpoint(self) -> asyncio.Task[None]:
+        """The checkpoint in its own task, which the caller's cancellation (the
+        housekeeping task's at close, a compaction's) does not stop: once captured,
+        the checkpoint alone holds the entry logs finished since the last one, handed
+        over for their fdatasync; dropped, they would never be synced, yet the next
+        checkpoint's mark would cover them and trim the journal, their only durable
+        copy.  (Close waits for it.)"""
         task = asyncio.get_running_loop().create_task(self._checkpoint(),
                                                       name="asyncbk-checkpoint")
         self._checkpoint_tasks.add(task)
         task.add_done_callback(_checkpoint_done)
         task.add_done_callback(self._checkpoint_tasks.discard)
-        await asyncio.shield(task)
+        return task
 
     async def _checkpoint(self) -> None:
         async with self._checkpoint_lock:
@@ -548,7 +567,7 @@ class LedgerStorage:
             raise BookieIOError("journal failed: not checkpointing")
         return _capture(journal.position, self._writer, self._durable, lacs, now_ms,
                         self._config.gc_tombstone_s, self._last_checkpoint_key,
-                        self._kv_index.kv if self._kv_index is not None else None)
+                        self._kv_cache)
 
     def _checkpoint_write(self, work: _CheckpointWork) -> None:
         """A worker thread: make the captured state durable, then write the mark."""
@@ -632,6 +651,7 @@ class LedgerStorage:
 
     def statistics(self) -> dict[str, Any]:
         free, total = self._disk_usage
+        cache = self._kv_cache
         return {
             "ledgers": len(self._ledgers),
             "entries": len(self._index),
@@ -640,6 +660,10 @@ class LedgerStorage:
             "fences": self._fences,
             "checkpoints": self._checkpoints,
             "checkpoints_skipped": self._checkpoints_skipped,
+            "checkpoints_early": self._checkpoints_early,
+            "index_cache_keys": cache.cached_entries if cache is not None else 0,
+            "index_cache_keys_max": self._index_cache_keys_max,
+            "index_cache_flushes": cache.flushes if cache is not None else 0,
             "checkpoint_s_last": self._checkpoint_s_last,
             "checkpoint_s_max": self._checkpoint_s_max,
             "journal_files_deleted": self._journal_files_deleted,

@@ -10,9 +10,13 @@ dropped before the replay, and the writer appends their deletion marker if the
 replay or a later add re-creates one.
 
 With the on-disk index (``index_backend = "lmdb"``) there is no ``index.log``: the
-index is opened as it is (the last sync, at the checkpoint, or a later commit) and
-the replay re-puts the locations of the journal's adds after the mark and re-applies
-its deletions, in order (idempotent).  A ledger dir written with the in-memory
+index is opened as it is (its last flush: the checkpoint's, or one of a start-up that
+did not finish, ahead of the mark) behind a fresh write cache
+(:class:`~.writecache.WriteCacheKV`, which every write of the recovery goes
+through: the checkpoint that ends :meth:`~.ledger_storage.LedgerStorage.open`
+flushes it, and so does a recovery that fills it), entries placed at or after the
+mark are cut, and the replay re-puts the locations of the journal's adds after the
+mark and re-applies its deletions, in order (idempotent).  A ledger dir written with the in-memory
 index is *migrated*: its ``index.log`` prefix loaded into the emptied KV (markers
 honoured, ledgers the checkpoint does not know dropped) and synced; the checkpoint
 written at the end of open records the new format, and only then is ``index.log``
@@ -68,6 +72,7 @@ from .index import (
 )
 from .kv import LMDB_DIR, IndexKV, open_lmdb
 from .kvindex import IndexOp, KVEntryIndex
+from .writecache import WriteCacheKV
 
 KVOpener = Callable[[Path], IndexKV]
 MIGRATE_BATCH_OPS = 65536
@@ -84,16 +89,22 @@ class _Recovered:
     next_seq: int
     stats: dict[str, Any] = field(default_factory=dict)
     kv_index: KVEntryIndex | None = None
+    kv_cache: WriteCacheKV | None = None
+    """The on-disk index's write cache (the KV under ``kv_index``)."""
     remove_index_log: bool = False
     """Migrated (or a leftover): remove index.log once a checkpoint is written."""
 
 
 def _apply_index(index: EntryIndex | KVEntryIndex, ops: list[IndexOp]) -> None:
-    """Index operations, in order: one KV transaction, or the in-memory index."""
+    """Index operations, in order: one KV transaction, or the in-memory index.  The
+    on-disk index's write cache is flushed when past its bound (recovery writes much
+    at once): an index ahead of the mark is what the next start cuts and replays."""
     if not ops:
         return
     if isinstance(index, KVEntryIndex):
         index.apply(ops)
+        if isinstance(index.kv, WriteCacheKV) and index.kv.over_limit:
+            index.kv.sync()
         return
     for op in ops:
         if op[0] == "put":
@@ -264,7 +275,7 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
     writer = _EntryLogWriter(io, entrylog_dir, config.entry_log_bytes_max, mark.entry_log_id,
                              log_fd, mark.entry_log_length, index_fd,
                              0 if on_disk else mark.index_length)
-    kv: IndexKV | None = None
+    kv: WriteCacheKV | None = None
     stats: dict[str, Any] = {"records_replayed": 0, "adds_replayed": 0, "bytes_cut": 0,
                              "journal_files_removed": 0, "journal_files_replayed": 0}
     try:
@@ -272,7 +283,8 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
         io.fsync_dir(ledger_dir)
         index: EntryIndex | KVEntryIndex
         if on_disk:
-            kv = (kv_open or open_lmdb)(ledger_dir / LMDB_DIR)
+            kv = WriteCacheKV((kv_open or open_lmdb)(ledger_dir / LMDB_DIR),
+                              config.index_write_cache_entries_max)
             index = KVEntryIndex(kv)
             if not kv_marked:  # migrating, or no checkpoint yet: rebuilt from scratch
                 kv.clear()
@@ -285,9 +297,9 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
                 for op in index_log_ops(data, mark.entry_log_id):
                     ops.append(op)
                     if len(ops) >= MIGRATE_BATCH_OPS:
-                        index.apply(ops)
+                        _apply_index(index, ops)
                         ops = []
-                index.apply(ops)
+                _apply_index(index, ops)
                 kv.sync()
                 stats["index_migrated_records"] = len(data) // INDEX_RECORD.size
                 log.warning("index.log migrated to the on-disk index",
@@ -372,5 +384,5 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
         raise
     stats["recovery_s"] = time.perf_counter() - t0
     kv_index = index if isinstance(index, KVEntryIndex) else None
-    return _Recovered(writer, durable, ledgers, index, next_seq, stats, kv_index,
+    return _Recovered(writer, durable, ledgers, index, next_seq, stats, kv_index, kv,
                       remove_index_log=migrate or index_log_left)
