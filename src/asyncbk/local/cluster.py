@@ -254,6 +254,8 @@ class LocalBookie(_ChildProcess):
     def _config_text(self) -> str:
         values = {"http_enabled": True, "http_port": self.http_port,
                   **self.cluster.bookie_config}
+        if self.index < len(self.cluster.racks):
+            values["rack"] = self.cluster.racks[self.index]
         return "[bookie]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
 
 
@@ -306,7 +308,10 @@ class LocalCluster:
     must present a certificate (mutual TLS).  ``auth_token``: bookies require
     it.  ``etcd_auth``: etcd runs with authentication, the cluster's processes
     log in as ``etcd_user`` (allowed the root prefix only).  ``ledger_dirs`` and
-    ``journal_dirs``: directories per bookie (see :meth:`LocalBookie.add_ledger_dir`)."""
+    ``journal_dirs``: directories per bookie (see :meth:`LocalBookie.add_ledger_dir`).
+    ``racks``: the network location (``/region/rack`` or ``/rack``, the ``rack``
+    setting) of bookie ``i`` is ``racks[i]``; bookies past the list (and all of them
+    without it) take ``bookie_config``'s, by default none (the default rack)."""
 
     def __init__(
         self,
@@ -324,6 +329,7 @@ class LocalCluster:
         etcd_auth: bool = False,
         ledger_dirs: int = 1,
         journal_dirs: int = 1,
+        racks: list[str] | None = None,
     ) -> None:
         if bookies < 0:
             raise ValueError("bookies must be >= 0")
@@ -342,6 +348,8 @@ class LocalCluster:
         self.ledger_dirs_per_bookie = ledger_dirs
         self.journal_dirs_per_bookie = journal_dirs
         self.bookie_config: dict[str, Any] = {"lease_ttl_s": 4, **(bookie_config or {})}
+        self.racks = list(racks or [])
+        """Network location per bookie index (``racks``)."""
         self._etcd_port = etcd_port
         self._etcd_port_saved: int | None = None
         self._etcd_port_preferred = etcd_port_preferred
