@@ -216,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, help="TCP port to listen on (the bookie id is host:port)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--advertised-host", help="host part of the bookie id, if not --host")
+    p.add_argument("--rack", metavar="/REGION/RACK",
+                   help="network location of this bookie, /region/rack or /rack, registered "
+                   "for clients' rack- and region-aware placement (default: "
+                   "/default-region/default-rack)")
     p.add_argument("--journal-dir", action="append",
                    help="directory of the journal (write-ahead log); repeat it (or separate "
                    "with commas) for several, at most one per ledger directory")
@@ -335,7 +339,7 @@ def cmd_bookie(args: argparse.Namespace) -> int:
 
     values: dict[str, Any] = load_toml(args.config) if args.config else {}
     for opt in ("metadata_uri", "port", "host", "advertised_host", "journal_dir", "ledger_dir",
-                "http_port", "http_host"):
+                "http_port", "http_host", "rack"):
         v = getattr(args, opt)
         if isinstance(v, list):  # --journal-dir / --ledger-dir, repeatable
             v = ",".join(v)
