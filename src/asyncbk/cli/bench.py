@@ -104,16 +104,23 @@ def _process_cpu_s(pid: int) -> float | None:
         return None
 
 
-def _process_rss_mb(pid: int) -> float | None:
-    """Resident set size of ``pid`` in MiB (Linux /proc); None where unavailable."""
+RSS_FIELDS = ("VmRSS", "RssAnon")
+"""What the monitor samples of each bookie: the resident set, and its anonymous part
+(a file-backed page cache, as the lmdb index's pages, counts in VmRSS only)."""
+
+
+def _process_rss_mb(pid: int) -> dict[str, float] | None:
+    """``RSS_FIELDS`` of ``pid`` in MiB (Linux /proc); None where unavailable."""
+    out: dict[str, float] = {}
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
+                name = line.split(":", 1)[0]
+                if name in RSS_FIELDS:
+                    out[name] = int(line.split()[1]) / 1024
     except (OSError, ValueError, IndexError):
         return None
-    return None
+    return out or None
 
 
 def _self_cpu_s() -> float:
@@ -228,7 +235,7 @@ class _ProcessMonitor:
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
         self.cpu: list[tuple[float, dict[str, float | None]]] = []
-        self.rss: list[dict[str, float | None]] = []
+        self.rss: list[dict[str, dict[str, float] | None]] = []
         self._task: asyncio.Task[None] | None = None
 
     def _sample(self) -> None:
@@ -273,11 +280,13 @@ class _ProcessMonitor:
         return {k: 100 * (b[k] - a[k]) / (tb - ta)  # type: ignore[operator]
                 for k in self.pids if a.get(k) is not None and b.get(k) is not None}
 
-    def rss_mb(self) -> dict[str, dict[str, float]]:
-        """First, last and highest RSS of each bookie, and every sample."""
+    def rss_mb(self, field: str = "VmRSS") -> dict[str, dict[str, float]]:
+        """First, last and highest RSS (or another of ``RSS_FIELDS``) of each bookie,
+        and every sample."""
         out: dict[str, dict[str, Any]] = {}
         for k in self.pids:
-            values = [v for s in self.rss if (v := s.get(k)) is not None]
+            values = [v for s in self.rss
+                      if (fields := s.get(k)) is not None and (v := fields.get(field)) is not None]
             if values:
                 out[k] = {"first": values[0], "last": values[-1], "max": max(values),
                           "samples": values}
@@ -547,6 +556,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise CliError("--rate must be > 0 entries/s")
     if args.duration is not None and args.duration <= 0:
         raise CliError("--duration must be > 0 seconds")
+    if args.metadata_uri is not None and getattr(args, "index_backend", None) is not None:
+        raise CliError("--index-backend sets the local cluster's bookies: not with "
+                       "--metadata-uri")
     check_extras(args)
 
 
@@ -560,7 +572,9 @@ async def bench_cluster(args: argparse.Namespace) -> AsyncIterator[tuple[str, _P
     metadata_uri = args.metadata_uri
     if metadata_uri is None:
         print(f"starting a local cluster (etcd + {args.bookies} bookies) ...", file=sys.stderr)
-        cluster = LocalCluster(bookies=args.bookies)
+        backend = getattr(args, "index_backend", None)
+        cluster = LocalCluster(bookies=args.bookies,
+                               bookie_config={"index_backend": backend} if backend else None)
         await cluster.start()
         metadata_uri = cluster.metadata_uri
     try:
@@ -622,7 +636,7 @@ async def run_bench(args: argparse.Namespace) -> int:
             await bk.close()
     if rec.errors:
         raise CliError(f"{rec.errors} operations failed; first: {rec.first_error}")
-    result = _result(args, rec, cpu_percent, monitor.rss_mb())
+    result = _result(args, rec, cpu_percent, monitor.rss_mb(), monitor.rss_mb("RssAnon"))
     _print_summary(args, result)
     await save(args, result)
     return 0
@@ -649,12 +663,12 @@ def versions() -> dict[str, str]:
 
 
 def _result(args: argparse.Namespace, rec: Recorder, cpu_percent: dict[str, float],
-            rss_mb: dict[str, Any]) -> dict[str, Any]:
+            rss_mb: dict[str, Any], rss_anon_mb: dict[str, Any]) -> dict[str, Any]:
     eps = rec.count / rec.elapsed
     workload = args.workload if args.workload == "write" else f"read-{args.mode}"
     config_keys = ["entries", "inflight", "entry_size", "ensemble", "write_quorum",
                    "ack_quorum", "digest", "bookies", "warmup", "ledgers", "clients", "rate",
-                   "duration"]
+                   "duration", "index_backend"]
     if args.workload == "read":
         config_keys += ["mode", "batch"]
     return {
@@ -662,15 +676,17 @@ def _result(args: argparse.Namespace, rec: Recorder, cpu_percent: dict[str, floa
         "entries_done": rec.count,
         "throughput_eps": eps,
         "throughput_mbps": eps * args.entry_size / 1e6,
-        **measured(args, rec, cpu_percent, rss_mb, config_keys),
+        **measured(args, rec, cpu_percent, rss_mb, config_keys, rss_anon_mb),
     }
 
 
 def measured(args: argparse.Namespace, rec: Recorder, cpu_percent: dict[str, float],
-             rss_mb: dict[str, Any], config_keys: list[str]) -> dict[str, Any]:
+             rss_mb: dict[str, Any], config_keys: list[str],
+             rss_anon_mb: dict[str, Any] | None = None) -> dict[str, Any]:
     """The parts of a result every workload has: loop kind, latency, timeline, CPU,
-    bookie memory, duration, settings and versions."""
+    bookie memory (VmRSS, and RssAnon when given), duration, settings and versions."""
     h = rec.histogram
+    anon = {"bookie_rss_anon_mb": rss_anon_mb} if rss_anon_mb is not None else {}
     return {
         "loop": "open" if args.rate else "closed",
         "latency_us": latency_json(h),
@@ -678,10 +694,20 @@ def measured(args: argparse.Namespace, rec: Recorder, cpu_percent: dict[str, flo
         "timeline": {"interval_s": TIMELINE_INTERVAL_S, "completed": rec.timeline},
         "cpu_percent": {k: round(v, 1) for k, v in cpu_percent.items()},
         "bookie_rss_mb": rss_mb,
+        **anon,
         "elapsed_s": rec.elapsed,
-        "config": {k: getattr(args, k, None) for k in config_keys},
+        "config": {k: _config_value(args, k) for k in config_keys},
         "versions": versions(),
     }
+
+
+def _config_value(args: argparse.Namespace, key: str) -> Any:
+    """A setting of the run as the result records it (the local cluster's bookies'
+    index backend when not chosen: their default)."""
+    value = getattr(args, key, None)
+    if key == "index_backend" and value is None and args.metadata_uri is None:
+        return "memory"
+    return value
 
 
 def _print_summary(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -695,10 +721,12 @@ def _print_summary(args: argparse.Namespace, result: dict[str, Any]) -> None:
           f"latency us ({unit}) p50 {lat['p50']:.0f}  p99 {lat['p99']:.0f}  "
           f"p999 {lat['p999']:.0f}  max {lat['max']:.0f}")
     print("cpu %: " + "  ".join(f"{k} {v:.0f}" for k, v in result["cpu_percent"].items()))
-    rss = result["bookie_rss_mb"]
-    if rss:
-        print("bookie rss MiB first -> last -> max: " + "  ".join(
-            f"{k} {v['first']:.0f} -> {v['last']:.0f} -> {v['max']:.0f}" for k, v in rss.items()))
+    for key, what in (("bookie_rss_mb", "rss"), ("bookie_rss_anon_mb", "anonymous rss")):
+        rss = result.get(key)
+        if rss:
+            print(f"bookie {what} MiB first -> last -> max: " + "  ".join(
+                f"{k} {v['first']:.0f} -> {v['last']:.0f} -> {v['max']:.0f}"
+                for k, v in rss.items()))
 
 
 def plot(result: dict[str, Any], path: str) -> None:

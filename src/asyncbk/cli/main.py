@@ -138,6 +138,9 @@ def _add_bench_options(p: argparse.ArgumentParser, default_quorum: int) -> None:
                    help="digest of each entry")
     p.add_argument("--bookies", type=_positive_int, default=3,
                    help="bookies of the local cluster (without --metadata-uri)")
+    p.add_argument("--index-backend", choices=["memory", "lmdb"],
+                   help="entry index of the local cluster's bookies, their index_backend "
+                   "setting (without --metadata-uri; default: memory)")
     p.add_argument("--warmup", type=int, default=1000, metavar="ENTRIES",
                    help="entries appended before measuring writes")
     _add_bench_output_options(p)
