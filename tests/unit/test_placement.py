@@ -376,3 +376,57 @@ def test_read_order_prefers_rack_then_region_and_keeps_ties(
     for d in range(3):  # ties keep the write set's order
         assert [b for b in order if distance(b) == d] == [b for b in replicas
                                                           if distance(b) == d]
+
+
+# ---------------------------------------------------------------- auto-recovery's use
+
+
+class _Channel:
+    def __init__(self, bookie: str, dead: set[str]) -> None:
+        self.bookie, self.dead = bookie, dead
+
+    def next_request_id(self) -> int:
+        return 1
+
+    async def request(self, req: object, timeout_s: float) -> object:
+        from asyncbk.errors import BookieUnavailableError
+        from asyncbk.proto import BookieInfoResponse, Status
+
+        if self.bookie in self.dead:
+            raise BookieUnavailableError(f"{self.bookie} does not answer")
+        return BookieInfoResponse(1, Status.OK, self.bookie, "writable", 0, 0, "")
+
+
+class _FakeClient:
+    """What re-replication asks of a client to choose replacements."""
+
+    def __init__(self, policy: RackAwarePlacement, locations: dict[str, str],
+                 dead: set[str]) -> None:
+        self.placement = policy
+        self.bookies = self
+        self._locations = locations
+        self.bookie_client = self
+        self._dead = dead
+
+    def locations(self) -> dict[str, str]:
+        return self._locations
+
+    def channel(self, bookie: str) -> _Channel:
+        return _Channel(bookie, self._dead)
+
+
+async def test_re_replication_replaces_from_the_right_rack_skipping_dead_bookies() -> None:
+    """Ensemble [r1, r2] with the r1 bookie lost: the replacement comes from r1; a
+    registered r1 bookie that does not answer is skipped for the next r1 one."""
+    from asyncbk.autorecovery.replication import _pick_replacements
+
+    locs = resolve_locations({"a1:1": "/r1", "a2:1": "/r1", "a3:1": "/r1",
+                              "b1:1": "/r2", "b2:1": "/r2", "b3:1": "/r2"})
+    for seed in range(20):
+        dead = {"a2:1"}
+        bk = _FakeClient(RackAwarePlacement(2, True, rng=random.Random(seed)), locs, dead)
+        unusable: set[str] = set()
+        got = await _pick_replacements(bk, ["a1:1", "b1:1"], [0], 2,  # type: ignore[arg-type]
+                                       sorted(locs), unusable)
+        assert got == ["a3:1"]
+        assert unusable <= dead
