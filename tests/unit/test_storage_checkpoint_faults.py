@@ -81,7 +81,7 @@ def test_a_cancelled_checkpoint_still_syncs_the_entry_logs_it_took(
         storage = await disk.open()
         await _add(storage, 12)
         assert storage.statistics()["entry_log_id"] >= 2  # logs were finished
-        capture = storage._checkpoint_capture
+        capture = storage._checkpointer.capture
         task: asyncio.Task[None] | None = None
 
         def capture_then_cancel(*args: Any) -> Any:
@@ -90,11 +90,11 @@ def test_a_cancelled_checkpoint_still_syncs_the_entry_logs_it_took(
             asyncio.get_running_loop().call_soon(task.cancel)
             return work
 
-        monkeypatch.setattr(storage, "_checkpoint_capture", capture_then_cancel)
+        monkeypatch.setattr(storage._checkpointer, "capture", capture_then_cancel)
         task = asyncio.get_running_loop().create_task(storage.checkpoint())
         with pytest.raises(asyncio.CancelledError):
             await task
-        monkeypatch.setattr(storage, "_checkpoint_capture", capture)
+        monkeypatch.setattr(storage._checkpointer, "capture", capture)
         await storage.close()  # its final checkpoint trims the journal
         disk.crash()
         storage = await disk.open()

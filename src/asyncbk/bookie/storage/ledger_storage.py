@@ -10,7 +10,6 @@ capture); reads, recovery and file housekeeping on a small read pool.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,9 +36,9 @@ from ..journal_format import (
 )
 from .api import LedgerInfo
 from .batch import _BatchApplied, _remove_index_log, write_batch
-from .checkpoint import _capture, _CheckpointWork, _make_durable
+from .checkpointer import Checkpointer, wall_ms
 from .compaction import EntryLogCompactor
-from .entrylog import ENTRYLOG_DIR, _EntryLogReader, _sync_and_close
+from .entrylog import ENTRYLOG_DIR, _EntryLogReader
 from .index import EntryIndex, Location
 from .kvindex import KVEntryIndex
 from .recovery import KVOpener, _recover, _Recovered
@@ -47,19 +46,6 @@ from .recovery import KVOpener, _recover, _Recovered
 READ_THREADS = 4
 """Threads serving ``pread`` for reads (and start-up recovery)."""
 DISK_USAGE_REFRESH_S = 1.0
-
-
-def _checkpoint_done(task: asyncio.Task[None]) -> None:
-    """Done callback of a checkpoint's task: its failure is its caller's to report, and
-    one whose caller was cancelled fails unobserved (a failed sync has failed the
-    journal and logged already)."""
-    if not task.cancelled():
-        task.exception()
-
-
-def _wall_ms(clock: Clock) -> int:
-    """The clock's wall time in epoch milliseconds (tombstones are dated with it)."""
-    return int(clock.wall_s() * 1000)
 
 
 # --- the storage ------------------------------------------------------------------
@@ -102,24 +88,21 @@ class LedgerStorage:
         self._closed = False
         self._close_task: asyncio.Task[None] | None = None
         self._housekeeping_task: asyncio.Task[None] | None = None
-        self._checkpoint_lock = asyncio.Lock()
-        self._checkpoint_tasks: set[asyncio.Task[None]] = set()
-        """Checkpoints under way or waiting for the lock (see :meth:`checkpoint`)."""
-        self._flush_task: asyncio.Task[None] | None = None
-        self._unflushed_bytes = 0
-        self._entry_log_flushes = 0
+        self._checkpointer = Checkpointer(
+            journal=self._journal, writer=self._writer, durable=self._durable,
+            lacs=lambda: {ledger_id: info.lac for ledger_id, info in self._ledgers.items()
+                          if info.lac >= 0},
+            ledger_dir=ledger_dir, config=config, io=io, offload=offload, clock=clock,
+            log=log, kv_cache=self._kv_cache)
         self._disk_usage = (0, 0)
         self.full = False
         """Set by the bookie's disk watch: this ledger directory's disk (or its journal's)
         is past ``disk_usage_threshold``, so adds to its ledgers are refused (read-only
         for them) and new ledgers go elsewhere."""
-        # writer-thread only: what the last checkpoint written covered
-        self._last_checkpoint_key: tuple[Any, ...] | None = None
         # statistics
         self._adds = 0
         self._reads = 0
         self._fences = 0
-        self._checkpoints = 0
         self._ledgers_deleted = 0
         self._log_live: dict[int, int] = {}
         """Live (indexed) bytes of each entry log, kept as entries come and go."""
@@ -128,12 +111,6 @@ class LedgerStorage:
         else:
             for log_id, _, length in self._index.locations():
                 self._log_live[log_id] = self._log_live.get(log_id, 0) + length
-        self._checkpoints_skipped = 0
-        self._checkpoints_early = 0
-        self._index_cache_keys_max = 0
-        self._checkpoint_s_last = 0.0
-        self._checkpoint_s_max = 0.0
-        self._journal_files_deleted = 0
         self._compactor = EntryLogCompactor(
             entrylog_dir=ledger_dir / ENTRYLOG_DIR, index=self._index, writer=self._writer,
             reader=self._reader, journal=self._journal, read_pool=read_pool,
@@ -155,7 +132,7 @@ class LedgerStorage:
         read_pool = offload.worker("asyncbk-read", READ_THREADS)
         try:
             recovered = await read_pool.run(
-                _recover, journal_dir, ledger_dir, config, log, _wall_ms(clock), io, kv_open)
+                _recover, journal_dir, ledger_dir, config, log, wall_ms(clock), io, kv_open)
         except BaseException:
             # On cancellation the recovery thread may still be running: do not wait for it.
             read_pool.abandon()
@@ -188,7 +165,7 @@ class LedgerStorage:
         deleted_ms = self._tombstones.get(ledger_id)
         if deleted_ms is None:
             return False
-        if _wall_ms(self._clock) - deleted_ms >= self._config.gc_tombstone_s * 1000:
+        if wall_ms(self._clock) - deleted_ms >= self._config.gc_tombstone_s * 1000:
             del self._tombstones[ledger_id]
             return False
         return True
@@ -423,25 +400,7 @@ class LedgerStorage:
                     live[old[0]] -= old[2]
             if entry_id > info.last_entry_id:
                 info.last_entry_id = entry_id
-        cache = self._kv_cache
-        if cache is not None:
-            cached = cache.cached_entries
-            if cached > self._index_cache_keys_max:
-                self._index_cache_keys_max = cached
-        if cache is not None and cache.over_limit and not self._checkpoint_tasks \
-                and not self._closed and not self._journal.failed:
-            # The index write cache is past its bound: a checkpoint flushes it (its
-            # capture, on the writer thread, starts a new overlay).
-            self._checkpoints_early += 1
-            self._start_checkpoint()
-        flush_bytes = self._config.entry_log_flush_bytes
-        if flush_bytes and written:
-            self._unflushed_bytes += written
-            if self._unflushed_bytes >= flush_bytes and self._flush_task is None \
-                    and not self._closed:
-                self._unflushed_bytes = 0
-                self._flush_task = asyncio.get_running_loop().create_task(
-                    self._flush_entry_logs(), name="asyncbk-entrylog-flush")
+        self._checkpointer.after_batch(written, self._closed)
 
     # --- deletion and compaction ----------------------------------------------
 
@@ -459,7 +418,7 @@ class LedgerStorage:
         for log_id, _, length in dropped:
             live[log_id] -= length
         self._ledgers_deleted += 1
-        deleted_ms = _wall_ms(self._clock)
+        deleted_ms = wall_ms(self._clock)
         self._tombstones[ledger_id] = deleted_ms
         return self._journal.append(encode_delete_ledger(ledger_id),
                                     (TYPE_DELETE_LEDGER, ledger_id, deleted_ms))
@@ -481,99 +440,13 @@ class LedgerStorage:
         (:mod:`.compaction`)."""
         return await self._compactor.compact(log_ids, rate_bytes_per_s)
 
-    async def _flush_entry_logs(self) -> None:
-        """Write back what was added to the entry logs so far (off the writer thread),
-        so the next checkpoint has little left to flush and does not stall the disk."""
-        try:
-            async with self._checkpoint_lock:  # a checkpoint must not miss a handed-over log
-                fds = await self._journal.run_in_writer(self._writer.take_for_sync)
-                try:
-                    await self._offload.run(_sync_and_close, self._io, fds)
-                except OSError as exc:
-                    self._sync_failed(exc)
-                    return
-                self._entry_log_flushes += 1
-        except (BookieIOError, OSError) as exc:  # nothing synced: the next checkpoint does
-            self._log.warning("entry log flush not done", error=repr(exc))
-        finally:
-            self._flush_task = None
-
     # --- checkpoints ----------------------------------------------------------
 
     async def checkpoint(self) -> None:
-        """Make everything journaled so far durable outside the journal and delete
-        the journal files that are no longer needed.  BookieIOError if the
-        journal failed (a checkpoint then could skip records that never reached
-        the entry log)."""
-        if self._journal.failed:
-            raise BookieIOError("journal failed: not checkpointing")
-        await asyncio.shield(self._start_checkpoint())
-
-    def _start_checkpoint(self) -> asyncio.Task[None]:
-        """The checkpoint in its own task, which the caller's cancellation (the
-        housekeeping task's at close, a compaction's) does not stop: once captured,
-        the checkpoint alone holds the entry logs finished since the last one, handed
-        over for their fdatasync; dropped, they would never be synced, yet the next
-        checkpoint's mark would cover them and trim the journal, their only durable
-        copy.  (Close waits for it.)"""
-        task = asyncio.get_running_loop().create_task(self._checkpoint(),
-                                                      name="asyncbk-checkpoint")
-        self._checkpoint_tasks.add(task)
-        task.add_done_callback(_checkpoint_done)
-        task.add_done_callback(self._checkpoint_tasks.discard)
-        return task
-
-    async def _checkpoint(self) -> None:
-        async with self._checkpoint_lock:
-            if self._journal.failed:  # an entry log sync failed while this one waited
-                raise BookieIOError("journal failed: not checkpointing")
-            lacs = {ledger_id: info.lac for ledger_id, info in self._ledgers.items()
-                    if info.lac >= 0}
-            t0 = time.perf_counter()  # performance timer: only reported (checkpoint_s_*)
-            work = await self._journal.run_in_writer(self._checkpoint_capture, lacs,
-                                                     _wall_ms(self._clock))
-            if work is None:
-                self._checkpoints_skipped += 1
-                return
-            # The slow part (fdatasync of the entry logs and index, the checkpoint file,
-            # journal file removal) runs off the writer thread: adds keep committing.
-            try:
-                await self._offload.run(self._checkpoint_write, work)
-            except OSError as exc:
-                self._sync_failed(exc)
-                raise BookieIOError(f"checkpoint failed: {exc}") from exc
-            self._last_checkpoint_key = work.key
-            elapsed = time.perf_counter() - t0
-            self._checkpoints += 1
-            self._checkpoint_s_last = elapsed
-            self._checkpoint_s_max = max(self._checkpoint_s_max, elapsed)
-
-    def _sync_failed(self, exc: OSError) -> None:
-        """An fsync (or another write) making entry logs, index or checkpoint durable
-        failed.  Its data may be lost for good while reads still see it (after a failed
-        fsync the kernel marks the pages clean: a retry succeeds having written
-        nothing), so no later checkpoint may cover it and trim the journal that holds
-        the only durable copy: the journal is failed, nothing more is acknowledged,
-        and a restart replays the journal from the last good checkpoint."""
-        self._log.error("storage sync failed: no more checkpoints or adds until restart",
-                        error=repr(exc))
-        self._journal.fail(BookieIOError(f"storage sync failed: {exc}"))
-
-    def _checkpoint_capture(self, lacs: dict[int, int], now_ms: int) -> _CheckpointWork | None:
-        """Writer thread, between batches: where the checkpoint stands (cheap).
-        ``now_ms``: the clock's wall time when the checkpoint began (tombstone expiry)."""
-        journal = self._journal
-        if journal.writer_failed:
-            raise BookieIOError("journal failed: not checkpointing")
-        return _capture(journal.position, self._writer, self._durable, lacs, now_ms,
-                        self._config.gc_tombstone_s, self._last_checkpoint_key,
-                        self._kv_cache)
-
-    def _checkpoint_write(self, work: _CheckpointWork) -> None:
-        """A worker thread: make the captured state durable, then write the mark."""
-        _make_durable(self._io, work, self._ledger_dir)
-        self._journal_files_deleted += self._journal.delete_files_before(
-            work.payload["journal_seq"])
+        """:meth:`.checkpointer.Checkpointer.checkpoint`: everything journaled so far
+        made durable outside the journal, the journal files no longer needed deleted.
+        BookieIOError if the journal failed."""
+        await self._checkpointer.checkpoint()
 
     async def _housekeeping(self) -> None:
         """Refresh disk usage every second; checkpoint every checkpoint_interval_s."""
@@ -619,10 +492,7 @@ class LedgerStorage:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait([task])
-        if self._flush_task is not None:  # not cancelled: it owns fds it must close
-            await asyncio.wait([self._flush_task])
-        if self._checkpoint_tasks:  # not cancelled either (see checkpoint)
-            await asyncio.wait(list(self._checkpoint_tasks))
+        await self._checkpointer.wait()  # not cancelled: see Checkpointer.start
         journal = self._journal
         try:
             if graceful:
@@ -651,23 +521,13 @@ class LedgerStorage:
 
     def statistics(self) -> dict[str, Any]:
         free, total = self._disk_usage
-        cache = self._kv_cache
         return {
             "ledgers": len(self._ledgers),
             "entries": len(self._index),
             "adds": self._adds,
             "reads": self._reads,
             "fences": self._fences,
-            "checkpoints": self._checkpoints,
-            "checkpoints_skipped": self._checkpoints_skipped,
-            "checkpoints_early": self._checkpoints_early,
-            "index_cache_keys": cache.cached_entries if cache is not None else 0,
-            "index_cache_keys_max": self._index_cache_keys_max,
-            "index_cache_flushes": cache.flushes if cache is not None else 0,
-            "checkpoint_s_last": self._checkpoint_s_last,
-            "checkpoint_s_max": self._checkpoint_s_max,
-            "journal_files_deleted": self._journal_files_deleted,
-            "entry_log_flushes": self._entry_log_flushes,
+            **self._checkpointer.statistics(),
             "ledgers_deleted": self._ledgers_deleted,
             "compactions": self._compactor.compactions,
             "compacted_bytes": self._compactor.compacted_bytes,

@@ -1,0 +1,220 @@
+"""Checkpoints and entry-log flushes of one :class:`~.ledger_storage.LedgerStorage`
+(the package docstring's "Checkpoint" paragraph; the file format is :mod:`.checkpoint`).
+
+A checkpoint captures, on the journal's writer thread, where the journal, the entry
+logs and the index stand and the ledger state those batches produced
+(:func:`.checkpoint._capture`); then, on another thread while adds go on, it makes the
+captured entry logs and index durable, writes the checkpoint file and deletes the
+journal files wholly before the mark.  A background flush (every
+``entry_log_flush_bytes``) fsyncs finished entry logs between checkpoints under the
+same lock, so a checkpoint never misses a log handed over for syncing.
+
+A failed sync fails the journal (:meth:`Checkpointer.sync_failed`): data lost at a
+failed fsync must never be covered by a later mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ...clock import Clock
+from ...config import BookieConfig
+from ...errors import BookieIOError
+from ..fileio import FileIO, Offload
+from ..journal import Journal
+from .checkpoint import _capture, _CheckpointWork, _DurableState, _make_durable
+from .entrylog import _EntryLogWriter, _sync_and_close
+from .writecache import WriteCacheKV
+
+
+def wall_ms(clock: Clock) -> int:
+    """The clock's wall time in epoch milliseconds (tombstones are dated with it)."""
+    return int(clock.wall_s() * 1000)
+
+
+def _checkpoint_done(task: asyncio.Task[None]) -> None:
+    """Done callback of a checkpoint's task: its failure is its caller's to report, and
+    one whose caller was cancelled fails unobserved (a failed sync has failed the
+    journal and logged already)."""
+    if not task.cancelled():
+        task.exception()
+
+
+class Checkpointer:
+    """The checkpoints and background entry-log flushes of one storage."""
+
+    def __init__(self, *, journal: Journal, writer: _EntryLogWriter, durable: _DurableState,
+                 lacs: Callable[[], dict[int, int]], ledger_dir: Path, config: BookieConfig,
+                 io: FileIO, offload: Offload, clock: Clock, log: Any,
+                 kv_cache: WriteCacheKV | None) -> None:
+        self._journal = journal
+        self._writer = writer
+        self._durable = durable
+        self._lacs = lacs
+        """The loop-side LACs to record (``{ledger: lac}``, those >= 0)."""
+        self._ledger_dir = ledger_dir
+        self._config = config
+        self._io = io
+        self._offload = offload
+        self._clock = clock
+        self._log = log
+        self._kv_cache = kv_cache
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Checkpoints under way or waiting for the lock (see :meth:`start`)."""
+        self._flush_task: asyncio.Task[None] | None = None
+        self._unflushed_bytes = 0
+        self._last_key: tuple[Any, ...] | None = None
+        """Writer thread only: what the last checkpoint written covered."""
+        # statistics
+        self.checkpoints = 0
+        self.skipped = 0
+        self.early = 0
+        self.index_cache_keys_max = 0
+        self.s_last = 0.0
+        self.s_max = 0.0
+        self.journal_files_deleted = 0
+        self.entry_log_flushes = 0
+
+    # --- checkpoints ----------------------------------------------------------
+
+    async def checkpoint(self) -> None:
+        """Make everything journaled so far durable outside the journal and delete
+        the journal files that are no longer needed.  BookieIOError if the
+        journal failed (a checkpoint then could skip records that never reached
+        the entry log)."""
+        if self._journal.failed:
+            raise BookieIOError("journal failed: not checkpointing")
+        await asyncio.shield(self.start())
+
+    def start(self) -> asyncio.Task[None]:
+        """The checkpoint in its own task, which the caller's cancellation (the
+        housekeeping task's at close, a compaction's) does not stop: once captured,
+        the checkpoint alone holds the entry logs finished since the last one, handed
+        over for their fdatasync; dropped, they would never be synced, yet the next
+        checkpoint's mark would cover them and trim the journal, their only durable
+        copy.  (:meth:`wait` waits for it.)"""
+        task = asyncio.get_running_loop().create_task(self._run(), name="asyncbk-checkpoint")
+        self._tasks.add(task)
+        task.add_done_callback(_checkpoint_done)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _run(self) -> None:
+        async with self._lock:
+            if self._journal.failed:  # an entry log sync failed while this one waited
+                raise BookieIOError("journal failed: not checkpointing")
+            t0 = time.perf_counter()  # performance timer: only reported (checkpoint_s_*)
+            work = await self._journal.run_in_writer(self.capture, self._lacs(),
+                                                     wall_ms(self._clock))
+            if work is None:
+                self.skipped += 1
+                return
+            # The slow part (fdatasync of the entry logs and index, the checkpoint file,
+            # journal file removal) runs off the writer thread: adds keep committing.
+            try:
+                await self._offload.run(self.write, work)
+            except OSError as exc:
+                self.sync_failed(exc)
+                raise BookieIOError(f"checkpoint failed: {exc}") from exc
+            self._last_key = work.key
+            elapsed = time.perf_counter() - t0
+            self.checkpoints += 1
+            self.s_last = elapsed
+            self.s_max = max(self.s_max, elapsed)
+
+    def capture(self, lacs: dict[int, int], now_ms: int) -> _CheckpointWork | None:
+        """Writer thread, between batches: where the checkpoint stands (cheap).
+        ``now_ms``: the clock's wall time when the checkpoint began (tombstone expiry)."""
+        journal = self._journal
+        if journal.writer_failed:
+            raise BookieIOError("journal failed: not checkpointing")
+        return _capture(journal.position, self._writer, self._durable, lacs, now_ms,
+                        self._config.gc_tombstone_s, self._last_key, self._kv_cache)
+
+    def write(self, work: _CheckpointWork) -> None:
+        """A worker thread: make the captured state durable, then write the mark."""
+        _make_durable(self._io, work, self._ledger_dir)
+        self.journal_files_deleted += self._journal.delete_files_before(
+            work.payload["journal_seq"])
+
+    def sync_failed(self, exc: OSError) -> None:
+        """An fsync (or another write) making entry logs, index or checkpoint durable
+        failed.  Its data may be lost for good while reads still see it (after a failed
+        fsync the kernel marks the pages clean: a retry succeeds having written
+        nothing), so no later checkpoint may cover it and trim the journal that holds
+        the only durable copy: the journal is failed, nothing more is acknowledged,
+        and a restart replays the journal from the last good checkpoint."""
+        self._log.error("storage sync failed: no more checkpoints or adds until restart",
+                        error=repr(exc))
+        self._journal.fail(BookieIOError(f"storage sync failed: {exc}"))
+
+    # --- after each batch -------------------------------------------------------
+
+    def after_batch(self, written: int, closed: bool) -> None:
+        """Loop, after a batch was applied (``written`` entry-log bytes): start a
+        checkpoint early when the index write cache is past its bound, and a background
+        entry-log flush every ``entry_log_flush_bytes``."""
+        cache = self._kv_cache
+        if cache is not None:
+            cached = cache.cached_entries
+            if cached > self.index_cache_keys_max:
+                self.index_cache_keys_max = cached
+            if cache.over_limit and not self._tasks and not closed \
+                    and not self._journal.failed:
+                # The index write cache is past its bound: a checkpoint flushes it (its
+                # capture, on the writer thread, starts a new overlay).
+                self.early += 1
+                self.start()
+        flush_bytes = self._config.entry_log_flush_bytes
+        if flush_bytes and written:
+            self._unflushed_bytes += written
+            if self._unflushed_bytes >= flush_bytes and self._flush_task is None \
+                    and not closed:
+                self._unflushed_bytes = 0
+                self._flush_task = asyncio.get_running_loop().create_task(
+                    self._flush_entry_logs(), name="asyncbk-entrylog-flush")
+
+    async def _flush_entry_logs(self) -> None:
+        """Write back what was added to the entry logs so far (off the writer thread),
+        so the next checkpoint has little left to flush and does not stall the disk."""
+        try:
+            async with self._lock:  # a checkpoint must not miss a handed-over log
+                fds = await self._journal.run_in_writer(self._writer.take_for_sync)
+                try:
+                    await self._offload.run(_sync_and_close, self._io, fds)
+                except OSError as exc:
+                    self.sync_failed(exc)
+                    return
+                self.entry_log_flushes += 1
+        except (BookieIOError, OSError) as exc:  # nothing synced: the next checkpoint does
+            self._log.warning("entry log flush not done", error=repr(exc))
+        finally:
+            self._flush_task = None
+
+    async def wait(self) -> None:
+        """Wait for the flush and the checkpoints under way (never cancelled: they own
+        file descriptors, and dropping a captured checkpoint loses its logs' sync)."""
+        if self._flush_task is not None:
+            await asyncio.wait([self._flush_task])
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    def statistics(self) -> dict[str, Any]:
+        cache = self._kv_cache
+        return {
+            "checkpoints": self.checkpoints,
+            "checkpoints_skipped": self.skipped,
+            "checkpoints_early": self.early,
+            "index_cache_keys": cache.cached_entries if cache is not None else 0,
+            "index_cache_keys_max": self.index_cache_keys_max,
+            "index_cache_flushes": cache.flushes if cache is not None else 0,
+            "checkpoint_s_last": self.s_last,
+            "checkpoint_s_max": self.s_max,
+            "journal_files_deleted": self.journal_files_deleted,
+            "entry_log_flushes": self.entry_log_flushes,
+        }
