@@ -25,9 +25,9 @@ import pytest
 
 from asyncbk.config import BookieConfig
 from asyncbk.errors import BKError
-from asyncbk.testing.sim import SIM_STORAGE_CONFIG, SimEventLoop
+from asyncbk.testing.sim import SIM_STORAGE_CONFIG
 
-from .test_storage_crashes import _Run
+from .test_storage_crashes import _Run, drive
 
 WORKLOAD_SEED = 20261123
 OPERATIONS = 160
@@ -84,14 +84,8 @@ class _CutRun(_Run):
 
 
 def _run(backend: str, cut_at: int | None, workload: int = 0) -> _CutRun:
-    loop = SimEventLoop()
     run = _CutRun(backend, cut_at, workload)
-    try:
-        loop.run_until_complete(asyncio.wait_for(run.run(), 600))
-    except Exception as exc:
-        run.violations.append(f"run failed: {type(exc).__name__}: {exc}")
-    finally:
-        loop.close()
+    drive(run)
     return run
 
 

@@ -263,9 +263,13 @@ class _Run:
 
 
 def run_storage_crashes(seed: int, backend: str = "memory") -> _Run:
-    """One seeded run (module docstring); a crash or hang of the run is a violation."""
+    """One seeded run (module docstring)."""
+    return drive(_Run(seed, backend))
+
+
+def drive(run: _Run) -> _Run:
+    """Run ``run`` on a simulated loop; a crash or hang of the run is a violation."""
     loop = SimEventLoop()
-    run = _Run(seed, backend)
     try:
         loop.run_until_complete(asyncio.wait_for(run.run(), 600))
     except Exception as exc:
