@@ -293,7 +293,7 @@ class ClientConfig:
                      "explicit_lac_interval_s", "bookie_quarantine_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
-        from .client.placement import POLICIES
+        from .topology import POLICIES
 
         if self.placement_policy not in POLICIES:
             raise ConfigError(f"placement_policy must be one of {', '.join(POLICIES)}, "
@@ -324,7 +324,7 @@ def _check_positive(cfg: Any, *names: str) -> None:
 
 
 def _check_location(name: str, value: str) -> None:
-    from .client.topology import normalize_location
+    from .topology import normalize_location
 
     try:
         normalize_location(value)

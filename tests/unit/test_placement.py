@@ -24,7 +24,9 @@ from asyncbk.client.placement import (
     make_policy,
     write_set_spread,
 )
-from asyncbk.client.topology import (
+from asyncbk.config import BookieConfig, ClientConfig, from_mapping
+from asyncbk.errors import ConfigError, NotEnoughBookiesError, PlacementError
+from asyncbk.topology import (
     DEFAULT_LOCATION,
     location_of,
     normalize_location,
@@ -32,8 +34,6 @@ from asyncbk.client.topology import (
     region_of,
     resolve_locations,
 )
-from asyncbk.config import BookieConfig, ClientConfig, from_mapping
-from asyncbk.errors import ConfigError, NotEnoughBookiesError, PlacementError
 
 # ---------------------------------------------------------------- model
 

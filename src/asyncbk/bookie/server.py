@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .._version import __version__
-from ..client.topology import LOCATION_KEY, normalize_location
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import BookieConfig
 from ..errors import BKError, ConfigError
@@ -40,6 +39,7 @@ from ..net.security import (
     server_context,
 )
 from ..net.server import BookieListener
+from ..topology import LOCATION_KEY, normalize_location
 from .cookie import DirectoryLock, check_or_format
 from .gc import GarbageCollector
 from .http import AdminHttpServer

@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..meta.api import BookieRegistration, MetadataStore
+from ..topology import LOCATION_KEY, resolve_locations
 from ..types import BookieId
-from .topology import LOCATION_KEY, resolve_locations
 
 WRITABLE_STATE = "writable"
 """The state a bookie reports in BOOKIE_INFO when it takes adds."""

@@ -20,7 +20,7 @@ best ensemble there is (the one whose worst write set spans most), logs a
 warning and counts it in ``fallbacks``.
 
 Policies are pure: bookie locations come in as a mapping (see
-:mod:`asyncbk.client.topology`), randomness from an injected ``random.Random``.
+:mod:`asyncbk.topology`), randomness from an injected ``random.Random``.
 """
 
 from __future__ import annotations
@@ -33,11 +33,8 @@ from typing import Any, Protocol
 from ..clock import LOOP_CLOCK, Clock
 from ..errors import NotEnoughBookiesError, PlacementError
 from ..log import get_logger
+from ..topology import POLICIES, location_of, region_of
 from ..types import BookieId
-from .topology import location_of, region_of
-
-POLICIES = ("random", "rack-aware", "region-aware")
-"""The values of ``ClientConfig.placement_policy``."""
 
 SEARCH_NODES_MAX = 20_000
 """Bound of the search for one constraint (positions tried); past it the

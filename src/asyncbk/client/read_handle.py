@@ -49,11 +49,11 @@ from ..proto import (
     Response,
     Status,
 )
+from ..topology import normalize_location, read_order
 from ..types import BookieId, LedgerEntry
 from .context import ClientContext
 from .digest import DigestManager, master_key
 from .quorum import write_set
-from .topology import normalize_location, read_order
 
 READ_WINDOW_ENTRIES_MAX = 1024
 """Entry reads in flight for one ``read`` call."""

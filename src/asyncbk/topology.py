@@ -15,13 +15,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from ..types import BookieId
+from .types import BookieId
 
 DEFAULT_REGION = "default-region"
 DEFAULT_RACK = "default-rack"
 DEFAULT_LOCATION = f"/{DEFAULT_REGION}/{DEFAULT_RACK}"
 """Where a bookie that declares no location is (BookKeeper's default too)."""
 
+POLICIES = ("random", "rack-aware", "region-aware")
+"""The values of ``ClientConfig.placement_policy`` (policies in :mod:`.client.placement`)."""
 LOCATION_KEY = "rack"
 """The key of a bookie's location in its registration info."""
 
