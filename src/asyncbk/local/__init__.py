@@ -6,16 +6,22 @@ re-exports it for tests.  See :class:`LocalCluster`.
 
 from .cluster import LocalAutoRecovery, LocalBookie, LocalCluster, free_port
 from .etcd import EtcdServer, EtcdServerError, find_etcd_binary
+from .network import Latency, Network, NetworkError, Topology, network_unavailable
 from .process import ClusterRunningError, LocalClusterError
 
 __all__ = [
     "ClusterRunningError",
     "EtcdServer",
     "EtcdServerError",
+    "Latency",
     "LocalAutoRecovery",
     "LocalBookie",
     "LocalCluster",
     "LocalClusterError",
+    "Network",
+    "NetworkError",
+    "Topology",
     "find_etcd_binary",
     "free_port",
+    "network_unavailable",
 ]

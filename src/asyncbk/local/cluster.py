@@ -35,6 +35,7 @@ from ..errors import BKError
 from ..net.etcd_security import read_password
 from ..stream.client import BookKeeper
 from .etcd import EtcdServer
+from .network import CLIENT, ETCD, Network, Topology
 from .ports import free_port
 from .process import (
     ChildRecord,
@@ -47,6 +48,10 @@ from .process import (
 from .tls import LocalTLS, write_tokens
 
 READY_TIMEOUT_S = 30.0
+HOST_BOOKIE_PORT = 3181
+"""A bookie's port on a host of a network (each host has its own addresses)."""
+HOST_HTTP_PORT = 8080
+HOST_ETCD_PORTS = (2379, 2380)
 ETCD_USER = "asyncbk"
 """The etcd user of a LocalCluster with ``etcd_auth``."""
 STOP_TIMEOUT_S = 15.0
@@ -92,13 +97,15 @@ class _ChildProcess:
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
 
-    async def _spawn(self, command: list[str], env: dict[str, str], ready: str) -> None:
-        """Start ``command`` (stderr to the log) and wait for the line ``ready`` on stdout."""
+    async def _spawn(self, command: list[str], env: dict[str, str], ready: str,
+                     prefix: list[str] | None = None) -> None:
+        """Start ``command`` (stderr to the log; on another host with ``prefix``, which
+        execs it) and wait for the line ``ready`` on stdout."""
         log = await asyncio.to_thread(open, self.log_path, "ab")
         try:
             self.argv = list(command)
             self.process = await asyncio.create_subprocess_exec(
-                *guarded(command), stdout=asyncio.subprocess.PIPE, stderr=log,
+                *guarded([*(prefix or ()), *command]), stdout=asyncio.subprocess.PIPE, stderr=log,
                 stdin=asyncio.subprocess.DEVNULL, env=env, start_new_session=True)
         finally:
             log.close()
@@ -167,13 +174,19 @@ class LocalBookie(_ChildProcess):
     """One bookie process of a LocalCluster."""
 
     def __init__(self, cluster: LocalCluster, index: int, port: int,
-                 http_port: int | None = None) -> None:
+                 http_port: int | None = None, host: str = "127.0.0.1",
+                 command_prefix: list[str] | None = None) -> None:
         self.cluster = cluster
         self.index = index
         self.port = port
+        self.host = host
+        """The address it listens on: loopback, or its host's on a network
+        (``LocalCluster(topology=)``)."""
+        self.command_prefix = list(command_prefix or [])
+        """What runs it on its host (``ip netns exec <ns>``); empty on this one."""
         self.http_port = http_port or free_port()
         """Port of the bookie's HTTP admin endpoint (metrics, health, state)."""
-        self.id = f"127.0.0.1:{port}"
+        self.id = f"{host}:{port}"
         self.dir = cluster.data_dir / f"bookie-{index}"
         self.journal_dir = self.dir / "journal"
         self.ledger_dir = self.dir / "ledgers"
@@ -194,13 +207,13 @@ class LocalBookie(_ChildProcess):
     @property
     def http_url(self) -> str:
         scheme = "https" if self.cluster.tls is not None else "http"
-        return f"{scheme}://127.0.0.1:{self.http_port}"
+        return f"{scheme}://{self.host}:{self.http_port}"
 
     def command(self) -> list[str]:
         return [
             sys.executable, "-m", "asyncbk", "bookie",
             "--metadata-uri", self.cluster.metadata_uri,
-            "--port", str(self.port),
+            "--host", self.host, "--port", str(self.port),
             *(a for d in self.journal_dirs for a in ("--journal-dir", str(d))),
             *(a for d in self.ledger_dirs for a in ("--ledger-dir", str(d))),
             "--config", str(self.config_path),
@@ -232,7 +245,8 @@ class LocalBookie(_ChildProcess):
             except TimeoutError:
                 raise RuntimeError(f"bookie {self.id} is already running") from None
         await asyncio.to_thread(self._prepare_dir, self._config_text())
-        if not await asyncio.to_thread(port_free, "127.0.0.1", self.port):
+        if not self.command_prefix and not await asyncio.to_thread(
+                port_free, "127.0.0.1", self.port):
             who = await asyncio.to_thread(port_user, self.port)
             raise LocalClusterError(
                 f"{self.name} cannot start: port {self.port} is in use (by "
@@ -240,12 +254,14 @@ class LocalBookie(_ChildProcess):
                 f"port: free it, or use another data directory")
         for attempt in range(_HTTP_PORT_RETRIES):
             try:
-                await self._spawn(self.command(), self.cluster.child_env(), f"ready {self.id}")
+                await self._spawn(self.command(), self.cluster.child_env(), f"ready {self.id}",
+                                  self.command_prefix)
                 return
             except BKError as exc:
                 # the admin port (not part of the id) was taken between choosing and binding
-                taken = f"('127.0.0.1', {self.http_port}): address already in use"
-                if taken not in str(exc) or attempt + 1 == _HTTP_PORT_RETRIES:
+                taken = f"('{self.host}', {self.http_port}): address already in use"
+                if (taken not in str(exc) or attempt + 1 == _HTTP_PORT_RETRIES
+                        or self.command_prefix):
                     raise
             self.http_port = free_port()
             await asyncio.to_thread(self._prepare_dir, self._config_text())
@@ -254,6 +270,8 @@ class LocalBookie(_ChildProcess):
     def _config_text(self) -> str:
         values = {"http_enabled": True, "http_port": self.http_port,
                   **self.cluster.bookie_config}
+        if self.command_prefix:
+            values["http_host"] = self.host
         if self.index < len(self.cluster.racks):
             values["rack"] = self.cluster.racks[self.index]
         return "[bookie]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
@@ -311,7 +329,15 @@ class LocalCluster:
     ``journal_dirs``: directories per bookie (see :meth:`LocalBookie.add_ledger_dir`).
     ``racks``: the network location (``/region/rack`` or ``/rack``, the ``rack``
     setting) of bookie ``i`` is ``racks[i]``; bookies past the list (and all of them
-    without it) take ``bookie_config``'s, by default none (the default rack)."""
+    without it) take ``bookie_config``'s, by default none (the default rack).
+
+    ``topology``: run etcd and each bookie on a host of its own, a Linux network
+    namespace with its own address, with latency between racks and regions
+    (:class:`~asyncbk.local.network.Topology`); ``cluster.network`` then cuts and
+    heals links (:meth:`~asyncbk.local.network.Network.partition`).  The bookies'
+    locations are the topology's (``bookies`` and ``racks`` need not be given), and
+    :meth:`client` connects with the ``client`` host's location.  Needs root,
+    ``ip`` and ``iptables`` (see docs/topology-testing.md)."""
 
     def __init__(
         self,
@@ -330,7 +356,16 @@ class LocalCluster:
         ledger_dirs: int = 1,
         journal_dirs: int = 1,
         racks: list[str] | None = None,
+        topology: Topology | None = None,
     ) -> None:
+        if topology is not None:
+            if racks is not None and list(racks) != list(topology.bookies):
+                raise ValueError("give the bookies' locations in topology.bookies, not racks")
+            if bookies not in (3, len(topology.bookies)):
+                raise ValueError(f"bookies={bookies} but the topology has "
+                                 f"{len(topology.bookies)} bookies")
+            bookies = len(topology.bookies)
+            racks = list(topology.bookies)
         if bookies < 0:
             raise ValueError("bookies must be >= 0")
         if not 1 <= journal_dirs <= ledger_dirs:
@@ -350,6 +385,10 @@ class LocalCluster:
         self.bookie_config: dict[str, Any] = {"lease_ttl_s": 4, **(bookie_config or {})}
         self.racks = list(racks or [])
         """Network location per bookie index (``racks``)."""
+        self.topology = topology
+        self.network: Network | None = None
+        """With ``topology``: the hosts (namespaces), their latency and partitions."""
+        self._subnet_saved: str | None = None
         self._etcd_port = etcd_port
         self._etcd_port_saved: int | None = None
         self._etcd_port_preferred = etcd_port_preferred
@@ -398,7 +437,8 @@ class LocalCluster:
         """Certificates and the tokens file, and the bookie settings that use them."""
         sec = self.data_dir / "tls"
         if self.tls_enabled:
-            self.tls = LocalTLS.make(sec)
+            hosts = tuple(h.ip for h in self.network.hosts.values()) if self.network else ()
+            self.tls = LocalTLS.make(sec, hosts)
             self.bookie_config.update(
                 tls_cert_file=str(self.tls.server_cert), tls_key_file=str(self.tls.server_key),
                 tls_ca_file=str(self.tls.ca), tls_require_client_cert=True)
@@ -448,6 +488,7 @@ class LocalCluster:
             saved = layout.get("bookie_ports", [])
             self._bookie_ports = self._bookie_ports or saved
             self._http_ports = layout.get("http_ports", [])
+            self._subnet_saved = layout.get("subnet")
 
     def _choose_etcd_port(self) -> int | None:
         """See the class docstring; None: a free port (etcd's runner picks it)."""
@@ -471,6 +512,7 @@ class LocalCluster:
             "etcd_port": self.etcd.port if self.etcd else self._etcd_port,
             "bookie_ports": [b.port for b in self.bookies],
             "http_ports": [b.http_port for b in self.bookies],
+            **({"subnet": str(self.network.subnet)} if self.network is not None else {}),
         }, indent=2))
 
     # ------------------------------------------------------------------ lifecycle
@@ -516,17 +558,26 @@ class LocalCluster:
         await asyncio.to_thread(self._take_data_dir)
         try:
             await asyncio.to_thread(self._load_layout)
+            if self.topology is not None:
+                # the same subnet as the last run, if free: bookie ids are host:port
+                self.network = Network(self.topology, preferred_subnet=self._subnet_saved)
+                await self.network.start()
             await asyncio.to_thread(self._prepare_security)
-            port = await asyncio.to_thread(self._choose_etcd_port)
-            self.etcd = EtcdServer(self.data_dir / "etcd", port=port, tls=self.tls)
+            if self.network is not None:
+                etcd_host = self.network.host(ETCD)
+                self.etcd = EtcdServer(self.data_dir / "etcd", port=HOST_ETCD_PORTS[0],
+                                       peer_port=HOST_ETCD_PORTS[1], tls=self.tls,
+                                       host=etcd_host.ip,
+                                       command_prefix=tuple(etcd_host.command([])))
+            else:
+                port = await asyncio.to_thread(self._choose_etcd_port)
+                self.etcd = EtcdServer(self.data_dir / "etcd", port=port, tls=self.tls)
             await self.etcd.start()
             if self.etcd_user is not None and self.etcd_password is not None:
                 await self.etcd.enable_auth(self.etcd_user, self.etcd_password, self.root)
             await self.record_processes()
             for i in range(self.bookie_count):
-                port = self._bookie_ports[i] if i < len(self._bookie_ports) else free_port()
-                http = self._http_ports[i] if i < len(self._http_ports) else None
-                self.bookies.append(LocalBookie(self, i, port, http))
+                self.bookies.append(self._new_bookie(i))
             await asyncio.to_thread(self._save_layout)
             await asyncio.gather(*(b.start() for b in self.bookies))
         except BaseException:
@@ -536,12 +587,23 @@ class LocalCluster:
     async def add_bookie(self) -> LocalBookie:
         """Start one more bookie (a new id and directories)."""
         index = len(self.bookies)
-        port = self._bookie_ports[index] if index < len(self._bookie_ports) else free_port()
-        bookie = LocalBookie(self, index, port)
+        if self.network is not None:
+            raise LocalClusterError("add_bookie() on a cluster with a topology is not "
+                                    "supported: list every bookie in Topology.bookies")
+        bookie = self._new_bookie(index)
         self.bookies.append(bookie)
         await asyncio.to_thread(self._save_layout)
         await bookie.start()
         return bookie
+
+    def _new_bookie(self, i: int) -> LocalBookie:
+        if self.network is not None:
+            host = self.network.host(f"bookie-{i}")
+            return LocalBookie(self, i, HOST_BOOKIE_PORT, HOST_HTTP_PORT, host=host.ip,
+                               command_prefix=host.command([]))
+        port = self._bookie_ports[i] if i < len(self._bookie_ports) else free_port()
+        http = self._http_ports[i] if i < len(self._http_ports) else None
+        return LocalBookie(self, i, port, http)
 
     async def start_autorecovery(self, **options: Any) -> LocalAutoRecovery:
         """Start an ``asyncbk autorecovery`` process; ``options`` are its command-line
@@ -553,6 +615,8 @@ class LocalCluster:
 
     async def client(self, **options: Any) -> BookKeeper:
         """A connected client, closed when the cluster stops."""
+        if self.network is not None:
+            options.setdefault("client_location", self.network.host(CLIENT).location)
         bk = await BookKeeper.connect(self.metadata_uri, **{**self.client_security(), **options})
         self._clients.append(bk)
         return bk
@@ -574,6 +638,8 @@ class LocalCluster:
                 await b.process.wait()
         if self.etcd is not None:
             await self.etcd.stop()
+        if self.network is not None:
+            await self.network.stop()
         if not (self.etcd is not None and self.etcd.running) and not any(
                 p.running for p in procs):
             await asyncio.to_thread(self._dir_lock.release)

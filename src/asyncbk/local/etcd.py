@@ -99,13 +99,20 @@ class EtcdServer:
         stop_timeout_s: float = STOP_TIMEOUT_S_DEFAULT,
         extra_args: tuple[str, ...] = (),
         tls: LocalTLS | None = None,
+        host: str = LOOPBACK,
+        command_prefix: tuple[str, ...] = (),
     ) -> None:
         if port is not None and port == peer_port:
             raise ValueError("client and peer ports must differ")
         self.workdir = Path(workdir)
         self.data_dir = self.workdir / "etcd-data"
         self.log_path = self.workdir / "etcd.log"
-        self.host = LOOPBACK
+        self.host = host
+        """The address etcd listens on (loopback unless on a host of a
+        :class:`~asyncbk.local.network.Network`)."""
+        self.command_prefix = tuple(command_prefix)
+        """What runs etcd on its host (``ip netns exec <ns>``), empty on this one: the
+        ports are then another namespace's, so they are not checked here."""
         self._client_port = port
         self._peer_port = peer_port
         self._ports_fixed = port is not None or peer_port is not None
@@ -197,7 +204,8 @@ class EtcdServer:
         if self.tls is not None and self._client_ssl is None:
             self._client_ssl = await asyncio.to_thread(self.tls.client_context)
         for fixed in (self._client_port, self._peer_port):
-            if fixed is not None and not await asyncio.to_thread(port_free, self.host, fixed):
+            if fixed is not None and not self.command_prefix and not await asyncio.to_thread(
+                    port_free, self.host, fixed):
                 raise EtcdServerError(await asyncio.to_thread(
                     port_in_use_message, fixed, "etcd port"))
         for attempt in range(_PORT_RETRIES):
@@ -226,7 +234,7 @@ class EtcdServer:
         try:
             self.argv = self._command(binary)
             self._proc = await asyncio.create_subprocess_exec(
-                *guarded(self.argv),
+                *guarded([*self.command_prefix, *self.argv]),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,

@@ -33,7 +33,9 @@ class LocalTLS:
     client_key: Path
 
     @classmethod
-    def make(cls, directory: Path) -> LocalTLS:
+    def make(cls, directory: Path, hosts: tuple[str, ...] = ()) -> LocalTLS:
+        """New certificates in ``directory``; the server's is valid for loopback and
+        ``hosts`` (the addresses of a network's hosts)."""
         try:
             import trustme
         except ImportError:
@@ -42,7 +44,7 @@ class LocalTLS:
         directory.mkdir(parents=True, exist_ok=True)
         os.chmod(directory, 0o700)
         ca = trustme.CA()
-        server = ca.issue_cert(*HOSTS)
+        server = ca.issue_cert(*HOSTS, *hosts)
         client = ca.issue_cert("asyncbk-client")
         tls = cls(directory, directory / "ca.pem", directory / "bookie.pem",
                   directory / "bookie.key", directory / "client.pem", directory / "client.key")
