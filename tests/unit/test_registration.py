@@ -80,3 +80,44 @@ async def test_unreachable_store_for_a_ttl_means_unregistered() -> None:
         assert changes == [True, False, True]
     finally:
         await reg.close()
+
+
+class HangingStore(MemoryMetadataStore):
+    """A store whose keep-alives never answer (etcd behind a partition that drops
+    packets): the call hangs until its own timeout, longer than the lease."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.reachable = asyncio.Event()
+        self.reachable.set()
+
+    async def keepalive_lease(self, lease_id: int) -> int:
+        await self.reachable.wait()
+        return await super().keepalive_lease(lease_id)
+
+    async def grant_lease(self, ttl_s: int) -> int:
+        await self.reachable.wait()
+        return await super().grant_lease(ttl_s)
+
+
+async def test_a_hanging_keepalive_loses_the_registration_within_a_ttl() -> None:
+    clock = ManualClock()
+    meta = HangingStore(clock=clock)
+    changes: list[bool] = []
+    reg = Registration(meta, "127.0.0.1:9", ttl_s=3, on_change=changes.append, clock=clock)
+    await reg.start()
+    try:
+        await spin(clock, 2)
+        meta.reachable.clear()
+        await spin(clock, 2)
+        assert changes == [True]  # the last keep-alive was under a TTL ago
+        await spin(clock, 1.5)
+        # no answer for a whole TTL since the last one that succeeded: not registered
+        assert changes == [True, False]
+        await spin(clock, 5)
+        assert changes == [True, False]
+        meta.reachable.set()
+        await spin(clock, 5)
+        assert changes == [True, False, True]
+    finally:
+        await reg.close()

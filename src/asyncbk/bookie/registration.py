@@ -87,12 +87,18 @@ class Registration:
         while True:
             await self._clock.sleep(interval_s if self.registered else backoff_s)
             if self.registered and self.lease_id is not None:
+                # A keep-alive that hangs (etcd unreachable, packets dropped) must not
+                # outlast the lease: past last_ok + TTL the lease may be gone already.
+                remaining_s = last_ok_s + self._ttl_s - self._clock.monotonic_s()
                 try:
-                    ttl_left = await self._meta.keepalive_lease(self.lease_id)
+                    ttl_left = await self._keepalive_within(self.lease_id, remaining_s)
                 except BKError as exc:
                     self._log.warning("lease keep-alive failed", error=str(exc))
                     if self._clock.monotonic_s() - last_ok_s >= self._ttl_s:
                         self._lost("no keep-alive succeeded for a whole TTL")
+                    continue
+                if ttl_left is None:
+                    self._lost("no keep-alive succeeded for a whole TTL (no answer)")
                     continue
                 if ttl_left <= 0:
                     self._lost("the lease expired")
@@ -107,6 +113,21 @@ class Registration:
                     backoff_s = min(self._retry_s_max, backoff_s * 2) * (0.5 + random.random() / 2)
                     self._log.warning("re-registration failed", error=str(exc),
                                       retry_in_s=round(backoff_s, 2))
+
+    async def _keepalive_within(self, lease_id: int, limit_s: float) -> int | None:
+        """The keep-alive's answer (the TTL left), or None if none came within
+        ``limit_s`` of the clock; raises its error."""
+        call = asyncio.ensure_future(self._meta.keepalive_lease(lease_id))
+        timer = asyncio.ensure_future(self._clock.sleep(max(0.0, limit_s)))
+        try:
+            await asyncio.wait({call, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (call, timer):
+                task.cancel()
+            await asyncio.wait({call, timer})
+        if call.cancelled():
+            return None
+        return call.result()
 
     def _lost(self, why: str) -> None:
         self.lease_losses += 1
