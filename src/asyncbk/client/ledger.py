@@ -41,6 +41,7 @@ from ..errors import (
     LedgerFencedError,
     MetadataVersionError,
     NotEnoughBookiesError,
+    PlacementError,
     TimeoutError,
     TooManyRequestsError,
     UnauthorizedAccessError,
@@ -122,6 +123,8 @@ class LedgerHandle(ReadHandle):
         self._stalled_since_s: float | None = None
         """Since when appends wait for want of bookies (None: they don't)."""
         self._stalled_bookies: set[BookieId] = set()
+        self._placement_error: PlacementError | None = None
+        """Why the enforced placement policy found no replacement, the last time."""
         """The bookies that failed since then (named in the error if it lasts)."""
         self._change_task: asyncio.Task[None] | None = None
         self.ensemble_changes = 0
@@ -317,7 +320,8 @@ class LedgerHandle(ReadHandle):
                     replacements = self._ctx.placement.replace(
                         ensemble, [p for p in failed if p not in keep], md.write_quorum,
                         writable, self._ctx.bookies.locations(), exclude=quarantined)
-                except NotEnoughBookiesError:
+                except NotEnoughBookiesError as exc:
+                    self._placement_error = exc if isinstance(exc, PlacementError) else None
                     if not await self._no_replacement(failed, ensemble, writable, quarantined,
                                                       back):
                         break  # writing on without them (degraded)
@@ -392,6 +396,13 @@ class LedgerHandle(ReadHandle):
                               quarantined=sorted(quarantined),
                               timeout_s=cfg.ensemble_change_timeout_s)
         elif now_s - self._stalled_since_s >= cfg.ensemble_change_timeout_s:
+            if self._placement_error is not None:
+                # spares exist, but none the enforced policy accepts: say which rule
+                raise PlacementError(
+                    f"ledger {self.id}: no append completed for "
+                    f"{cfg.ensemble_change_timeout_s}s (ensemble_change_timeout_s): no "
+                    f"replacement for {', '.join(sorted(self._stalled_bookies))} meets the "
+                    f"placement policy: {self._placement_error}")
             raise NotEnoughBookiesError(
                 f"ledger {self.id}: no append completed for {cfg.ensemble_change_timeout_s}s "
                 f"(ensemble_change_timeout_s) for want of bookies; failed: "
