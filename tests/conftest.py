@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from hypothesis import HealthCheck, settings
 
@@ -27,3 +28,25 @@ async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
     yield seen
     loop.set_exception_handler(previous)
     assert not seen, f"unhandled errors on the event loop: {seen}"
+
+
+_FINDINGS = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture
+def finding(request: pytest.FixtureRequest) -> Any:
+    """``finding("...")``: a line about what the test observed (timings, counts),
+    listed under "findings" at the end of the run."""
+    lines = request.config.stash.setdefault(_FINDINGS, [])
+
+    def note(text: str) -> None:
+        lines.append(f"{request.node.nodeid}: {text}")
+    return note
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    lines = config.stash.get(_FINDINGS, [])
+    if lines:
+        terminalreporter.section("findings")
+        for line in lines:
+            terminalreporter.write_line(line)
