@@ -478,3 +478,31 @@ async def _missing(bk, bookie_id: str) -> bool:  # type: ignore[no-untyped-def]
 
 async def _present(bk, bookie_id: str) -> bool:  # type: ignore[no-untyped-def]
     return bookie_id in await bk.meta.list_bookies()
+
+
+# ---------------------------------------------------------------- the cluster on hosts
+
+
+async def test_cluster_on_hosts_with_tls_reopens_with_the_same_ids(tmp_path: Path) -> None:
+    """TLS certificates are valid for the hosts' addresses; a cluster reopened on the
+    same data directory gets the same addresses, so the same bookie ids, and its data."""
+    topology = Topology(bookies=["/r1", "/r2", "/r3"], latency=None)
+    async with LocalCluster(data_dir=tmp_path / "c", topology=topology, tls=True) as cluster:
+        assert cluster.network is not None
+        ids = [b.id for b in cluster.bookies]
+        assert [b.host for b in cluster.bookies] == [
+            cluster.network.host(f"bookie-{i}").ip for i in range(3)]
+        assert cluster.metadata_uri.startswith(f"etcds://{cluster.network.host('etcd').ip}:")
+        bk = await cluster.client()
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        await asyncio.gather(*(lh.append(payload(i)) for i in range(10)))
+        await lh.close()
+        # the admin endpoint, over HTTPS
+        async with aiohttp.ClientSession() as session, session.get(
+                f"{cluster.bookies[0].http_url}/api/v1/bookie/state",
+                ssl=cluster.client_ssl_context()) as resp:
+            assert (await resp.json())["state"] == "writable"
+    async with LocalCluster(data_dir=tmp_path / "c", topology=topology, tls=True) as cluster:
+        assert [b.id for b in cluster.bookies] == ids
+        bk = await cluster.client()
+        assert await read_all(bk, lh.id, 9) == [payload(i) for i in range(10)]
