@@ -6,7 +6,8 @@ import hmac
 import random
 import ssl as ssl_module
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
@@ -17,6 +18,7 @@ from ..meta.api import MetadataStore
 from ..meta.model import DIGESTS, LedgerMetadata, LedgerState, new_metadata
 from ..meta.uri import open_metadata_store
 from ..net.channel import BookieClient, Connector, tcp_connector
+from ..topology import POLICIES
 from ..types import BookieId
 from .bookies import WRITABLE_STATE, BookieWatcher
 from .context import ClientContext, ClientStats
@@ -24,7 +26,95 @@ from .ledger import LedgerHandle, ReadHandle
 from .placement import PlacementPolicy, Quarantine, make_policy
 from .recovery import LedgerRecoveryOp
 
-__all__ = ["WRITABLE_STATE", "BookKeeper", "BookieWatcher", "ClientContext", "ClientStats"]
+__all__ = ["WRITABLE_STATE", "BookKeeper", "BookieWatcher", "ClientContext", "ClientStats",
+           "PlacementSpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementSpec:
+    """A placement policy for some ledgers (``create_ledger(placement=...)``; a
+    namespace's segments), instead of the client's own.  The fields are the client
+    settings of the same name (see docs/placement.md); each one left None is the
+    client's setting.  Bad values raise ValueError (TypeError for a wrong type)."""
+
+    placement_policy: str | None = None
+    """``"random"``, ``"rack-aware"`` or ``"region-aware"``."""
+    min_racks_per_write_quorum: int | None = None
+    min_regions_per_write_quorum: int | None = None
+    enforce_placement: bool | None = None
+
+    def __post_init__(self) -> None:
+        policy = self.placement_policy
+        if policy is not None and (not isinstance(policy, str) or policy not in POLICIES):
+            raise ValueError(f"placement_policy must be one of {', '.join(POLICIES)} (or "
+                             f"None: the client's), not {policy!r}")
+        for name in ("min_racks_per_write_quorum", "min_regions_per_write_quorum"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int (or None: the client's), not "
+                                f"{type(value).__name__}")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, not {value}")
+        if self.enforce_placement is not None and not isinstance(self.enforce_placement, bool):
+            raise TypeError(f"enforce_placement must be a bool (or None: the client's), not "
+                            f"{type(self.enforce_placement).__name__}")
+
+    def resolve(self, config: ClientConfig) -> tuple[str, int, int, bool]:
+        """``(policy, min racks, min regions, enforce)``: this, the client's settings
+        where it says nothing; the settings a policy ignores are normalized away (so
+        that equal policies have equal keys)."""
+        policy = self.placement_policy if self.placement_policy is not None \
+            else config.placement_policy
+        racks = self.min_racks_per_write_quorum if self.min_racks_per_write_quorum is not None \
+            else config.min_racks_per_write_quorum
+        regions = self.min_regions_per_write_quorum \
+            if self.min_regions_per_write_quorum is not None \
+            else config.min_regions_per_write_quorum
+        enforce = self.enforce_placement if self.enforce_placement is not None \
+            else config.enforce_placement
+        if policy == "random":
+            return policy, 0, 0, False
+        if policy == "rack-aware":
+            regions = 0
+        return policy, racks, regions, enforce
+
+
+class _CountedPolicy:
+    """A ledger-specific policy whose fallbacks also count in the client's
+    (``BookKeeper.placement.fallbacks`` is every placement the client made)."""
+
+    def __init__(self, inner: PlacementPolicy, total: PlacementPolicy) -> None:
+        self.inner = inner
+        self._total = total
+        self.fallbacks = 0
+
+    def _count(self, before: int) -> None:
+        missed = self.inner.fallbacks - before
+        if missed:
+            self.fallbacks += missed
+            self._total.fallbacks += missed
+
+    def new_ensemble(self, size: int, write_quorum: int, writable: Collection[BookieId],
+                     locations: Mapping[BookieId, str],
+                     exclude: Collection[BookieId] = ()) -> list[BookieId]:
+        before = self.inner.fallbacks
+        try:
+            return self.inner.new_ensemble(size, write_quorum, writable, locations, exclude)
+        finally:
+            self._count(before)
+
+    def replace(self, ensemble: Sequence[BookieId], positions: Sequence[int],
+                write_quorum: int, writable: Collection[BookieId],
+                locations: Mapping[BookieId, str],
+                exclude: Collection[BookieId] = ()) -> list[BookieId]:
+        before = self.inner.fallbacks
+        try:
+            return self.inner.replace(ensemble, positions, write_quorum, writable, locations,
+                                      exclude)
+        finally:
+            self._count(before)
 
 
 class BookKeeper:
@@ -50,6 +140,10 @@ class BookKeeper:
             min_regions_per_write_quorum=config.min_regions_per_write_quorum,
             enforce=config.enforce_placement, rng=rng, log=self._log)
         """Chooses ensembles and replacements (``placement_policy``)."""
+        self._rng = rng
+        self._placements: dict[tuple[str, int, int, bool], PlacementPolicy] = {
+            PlacementSpec().resolve(config): self.placement}
+        """The policies of ``create_ledger(placement=...)``, one per distinct setting."""
         self.quarantine = Quarantine(config.bookie_quarantine_s)
         self.stats = ClientStats()
         self.bookies = BookieWatcher(meta, self._on_bookie_registered,
@@ -65,6 +159,23 @@ class BookKeeper:
         if self.quarantine.release_if_new_session(bookie, session):
             self._log.info("bookie registered anew, quarantine lifted", bookie=bookie)
         self.bookie_client.reset_backoff(bookie)
+
+    def placement_for(self, spec: PlacementSpec | None) -> PlacementPolicy:
+        """The policy for ``spec`` (None: the client's own, :attr:`placement`): one per
+        distinct setting, kept for the client's life."""
+        if spec is None:
+            return self.placement
+        if not isinstance(spec, PlacementSpec):
+            raise TypeError(f"placement must be a PlacementSpec, not {type(spec).__name__}")
+        key = spec.resolve(self.config)
+        policy = self._placements.get(key)
+        if policy is None:
+            name, racks, regions, enforce = key
+            policy = self._placements[key] = _CountedPolicy(make_policy(
+                name, min_racks_per_write_quorum=racks or 1,
+                min_regions_per_write_quorum=regions or 1, enforce=enforce, rng=self._rng,
+                log=self._log), self.placement)
+        return policy
 
     def quarantine_bookie(self, bookie: BookieId) -> None:
         """Keep ``bookie``, which just failed, out of ensembles for a while."""
@@ -127,8 +238,14 @@ class BookKeeper:
         digest: str = "xxh3",
         password: bytes = b"",
         metadata: dict[str, bytes] | None = None,
+        *,
+        placement: PlacementSpec | None = None,
     ) -> LedgerHandle:
-        """A new OPEN ledger, writable through the returned handle only."""
+        """A new OPEN ledger, writable through the returned handle only.
+
+        ``placement``: how this ledger's ensemble, and the replacements its writer
+        picks later, are chosen, instead of the client's settings (its fields left
+        None are the client's)."""
         if not (ensemble_size >= write_quorum >= ack_quorum >= 1):
             raise ValueError(
                 f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
@@ -137,6 +254,7 @@ class BookKeeper:
             raise ValueError(f"unknown digest {digest!r}; choose one of {', '.join(DIGESTS)}")
         if not isinstance(password, bytes):
             raise TypeError("password must be bytes")
+        policy = self.placement_for(placement)
         custom = dict(metadata or {})
         for k, v in custom.items():
             if not isinstance(k, str) or not isinstance(v, bytes):
@@ -150,15 +268,15 @@ class BookKeeper:
         quarantined = self.quarantine.active()
         if len(set(writable) - quarantined) < ensemble_size:
             quarantined = set()  # a new ledger may use a recently failed bookie, not wait
-        ensemble = self.placement.new_ensemble(ensemble_size, write_quorum, writable,
-                                               self.bookies.locations(), exclude=quarantined)
+        ensemble = policy.new_ensemble(ensemble_size, write_quorum, writable,
+                                       self.bookies.locations(), exclude=quarantined)
         ledger_id = await self.meta.allocate_ledger_id()
         md = new_metadata(ledger_id, ensemble, write_quorum, ack_quorum, digest, password, custom,
                           int(time.time() * 1000))
         md = await self.meta.create_ledger(md)
         self._log.info("ledger created", ledger_id=ledger_id, ensemble=list(ensemble),
                        write_quorum=write_quorum, ack_quorum=ack_quorum)
-        return LedgerHandle(self.context, md, password)
+        return LedgerHandle(self.context, md, password, placement=policy)
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"",
                           recovery: bool = True) -> ReadHandle:

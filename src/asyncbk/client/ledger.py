@@ -11,15 +11,17 @@ survival rules live in the write path; this module does the I/O: channels,
 futures, timers, metadata.
 
 Ensemble change: when a bookie errors, times out or answers READ_ONLY /
-NOT_READY on an add, the handle picks a replacement (not in the ensemble),
-starts a new fragment at ``LAC + 1`` by compare-and-swap on the metadata, and
-tells the write path, which re-sends every pending entry whose write set
-includes a replaced position (no add completes while the change is being
-committed).  A lost compare-and-swap re-reads the metadata; a ledger no longer
-OPEN (a recovery started) fails the pending adds with LedgerFencedError.  With
-no replacement available, the handle writes on without the failed bookies as
-long as every write set keeps an ack quorum of healthy ones (retrying the
-replacement every ``DEGRADED_RETRY_S``); otherwise appends wait, and fail with
+NOT_READY on an add, the handle picks a replacement (not in the ensemble; by
+the placement policy the ledger was created with, see
+``BookKeeper.create_ledger(placement=...)``), starts a new fragment at
+``LAC + 1`` by compare-and-swap on the metadata, and tells the write path,
+which re-sends every pending entry whose write set includes a replaced
+position (no add completes while the change is being committed).  A lost
+compare-and-swap re-reads the metadata; a ledger no longer OPEN (a recovery
+started) fails the pending adds with LedgerFencedError.  With no replacement
+available, the handle writes on without the failed bookies as long as every
+write set keeps an ack quorum of healthy ones (retrying the replacement every
+``DEGRADED_RETRY_S``); otherwise appends wait, and fail with
 NotEnoughBookiesError once none has completed for ``ensemble_change_timeout_s``.
 
 A handle that fails (fenced, no replacement, add quorum timeout) fails every
@@ -51,6 +53,7 @@ from ..meta.model import Ensemble, LedgerMetadata, LedgerState
 from ..proto import AddFlag, AddResponse, Response, Status, WriteLacRequest
 from ..types import BookieId
 from .context import ClientContext
+from .placement import PlacementPolicy
 from .read_handle import (
     FRAME_OVERHEAD_BYTES_MAX,
     READ_BATCH_ENTRIES_MAX,
@@ -94,8 +97,12 @@ class LedgerHandle(ReadHandle):
     _follows_metadata = False
 
     def __init__(self, ctx: ClientContext, metadata: LedgerMetadata, password: bytes, *,
-                 recovery: bool = False, lac: int = -1, length: int = 0) -> None:
+                 recovery: bool = False, lac: int = -1, length: int = 0,
+                 placement: PlacementPolicy | None = None) -> None:
         super().__init__(ctx, metadata, password)
+        self._placement = placement if placement is not None else ctx.placement
+        """Chooses this ledger's replacements: the policy its ensemble was made with
+        (``create_ledger(placement=...)``), else the client's."""
         self._loop = asyncio.get_running_loop()
         self._clock = ctx.clock
         self._recovery = recovery
@@ -134,6 +141,11 @@ class LedgerHandle(ReadHandle):
     @property
     def pending_adds(self) -> int:
         return len(self._ops)
+
+    @property
+    def placement(self) -> PlacementPolicy:
+        """The placement policy this handle's ensemble changes use."""
+        return self._placement
 
     # ------------------------------------------------------------------ append
 
@@ -317,7 +329,7 @@ class LedgerHandle(ReadHandle):
                 keep = [p for p in failed if ensemble[p] in back
                         and ensemble[p] in writable and ensemble[p] not in quarantined]
                 try:
-                    replacements = self._ctx.placement.replace(
+                    replacements = self._placement.replace(
                         ensemble, [p for p in failed if p not in keep], md.write_quorum,
                         writable, self._ctx.bookies.locations(), exclude=quarantined)
                 except NotEnoughBookiesError as exc:
