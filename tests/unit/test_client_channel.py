@@ -142,3 +142,40 @@ async def test_missing_password_is_not_reported_as_a_wrong_one() -> None:
         assert "secret" not in str(info.value) and "guess" not in str(info.value)
     finally:
         await bk.close()
+
+
+async def test_an_add_queued_as_the_sweep_runs_still_times_out() -> None:
+    """The deadline sweep fires in the loop turn in which an add is queued but not yet
+    framed (framing runs at the end of the turn): it found no request in flight and
+    stopped watching, so that add never timed out and its writer hung (found with a
+    rack cut on separate hosts, under load)."""
+    ch, _ = await connected_channel()
+    first = next(iter(ch._pending))
+    ch.cancel(first)  # nothing in flight; the sweep started by that send is still armed
+    got: list[Any] = []
+    ch.send_add(1, 0, b"k", 0, -1, b"body", got.append, 0.1)
+    assert ch._sweep_handle is not None
+    ch._sweep_handle.cancel()
+    ch._sweep()  # the armed sweep fires now, before this turn's flush frames the add
+    await asyncio.sleep(0)
+    assert len(ch._pending) == 1  # framed and sent
+    await asyncio.sleep(0.4)
+    assert len(got) == 1 and "did not answer in time" in str(got[0])
+
+
+async def test_an_add_that_never_leaves_the_queue_times_out() -> None:
+    """Adds wait unframed while a connection is being made; past their deadline they
+    fail even if the connect is still under way."""
+    never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    async def connector(bookie_id: str, factory: Any) -> Any:
+        return await never  # a connect that hangs (its own timeout is longer)
+
+    ch = BookieChannel("b:1", connector=connector, frame_bytes_max=1 << 20, requests_max=10,
+                       connect_timeout_s=30.0, reconnect_backoff_s_max=0.1)
+    got: list[Any] = []
+    ch.send_add(1, 0, b"k", 0, -1, b"body", got.append, 0.1)
+    await asyncio.sleep(0.4)
+    assert len(got) == 1 and "not sent" in str(got[0])
+    assert ch.buffered_bytes == 0
+    await ch.close()

@@ -219,7 +219,10 @@ class BookieChannel(asyncio.Protocol):
         if self._transport is not None and not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
-        if self._sweep_handle is None:
+        self._arm_sweep()
+
+    def _arm_sweep(self) -> None:
+        if self._sweep_handle is None and not self._closed:
             self._sweep_handle = self._loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
 
     def send_frame(self, request_id: int, op: Op, frame: tuple[bytes, ...], callback: Callback,
@@ -462,16 +465,26 @@ class BookieChannel(asyncio.Protocol):
             entry.callback(error)
 
     def _sweep(self) -> None:
+        """Fail every request past its deadline, framed or still queued.  Runs while
+        anything is queued or in flight: an add queued in the loop turn this runs in
+        is framed after it (``_flush``), so an empty ``_pending`` alone does not mean
+        there is nothing left to watch."""
         self._sweep_handle = None
-        if not self._pending:
+        if not self._pending and not self._adds:
             return
         now = self._loop.time()
         expired = [rid for rid, p in self._pending.items() if p.deadline_s <= now]
+        late = [add for add in self._adds if add[7] <= now]
+        if late:
+            self._adds = [add for add in self._adds if add[7] > now]
+            self._unsent_bytes -= sum(len(add[5]) for add in late)
+        self._arm_sweep()  # before the callbacks: one that raises must not stop the watch
         for rid in expired:
             entry = self._pending.pop(rid)
             entry.callback(TimeoutError(f"bookie {self.bookie_id} did not answer in time"))
-        if self._pending:
-            self._sweep_handle = self._loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
+        for add in late:
+            add[6](TimeoutError(f"bookie {self.bookie_id} did not answer in time (not sent: "
+                                f"{self._last_error or 'not connected'})"))
 
 
 K = TypeVar("K")
