@@ -37,6 +37,7 @@ from ..log import get_logger
 from ..meta import keys
 from . import codec
 from .meta import COMPLETED, Segment, StreamConfig
+from .namespace import placement_spec
 from .writer import _recover_segment
 
 if TYPE_CHECKING:
@@ -92,7 +93,8 @@ class StagedWriter:
             self.config.ensemble_size, self.config.write_quorum, self.config.ack_quorum,
             digest=self.config.digest,
             metadata={"asyncbk.stream": f"{self.ns.name}/{self.stream}".encode(),
-                      "asyncbk.staged-by": self.owner.encode()})
+                      "asyncbk.staged-by": self.owner.encode()},
+            placement=placement_spec(self.config))
         key = keys.staging(self.ns.md.root, self.ns.name, self.stream, lh.id)
         try:
             await self.ns.bk.meta.kv_txn([], put=[(key, msgpack.packb({"owner": self.owner}))])

@@ -23,7 +23,8 @@ class BookKeeper(LedgerClient):
 
     async def namespace(self, name: str, create: bool = False, **defaults: Any) -> Namespace:
         """The namespace ``name``; with ``create=True`` it is created (with ``defaults``:
-        ledger shape, rolling, retention) if absent.  NoSuchNamespaceError otherwise."""
+        ledger shape, rolling, retention, placement: see :class:`StreamConfig`) if
+        absent.  NoSuchNamespaceError otherwise."""
         check_namespace_name(name)
         md = StreamMetadata(self.meta)
         if create:

@@ -39,6 +39,7 @@ from ..errors import (
 from ..meta import keys
 from ..meta.api import KeyValue, KeyValueStore
 from ..meta.model import DIGESTS
+from ..topology import POLICIES
 from .position import Position
 
 NAMESPACE_NAME_BYTES_MAX = 128
@@ -81,8 +82,9 @@ def check_stream_name(name: object) -> str:
 @dataclass(frozen=True)
 class StreamConfig:
     """A stream's settings: its segments' ledger shape, when the writer rolls to a new
-    segment (whichever bound is reached first; 0 turns one off) and how long
-    completed segments are kept (0: until truncated)."""
+    segment (whichever bound is reached first; 0 turns one off), how long completed
+    segments are kept (0: until truncated) and how their ensembles are placed (None:
+    the writing client's own setting of that name, see docs/placement.md)."""
 
     ensemble_size: int = 3
     write_quorum: int = 3
@@ -92,6 +94,15 @@ class StreamConfig:
     rolling_s: float = 7200.0
     rolling_entries: int = 0
     retention_s: float = 72 * 3600.0
+    placement_policy: str | None = None
+    """``"random"``, ``"rack-aware"`` or ``"region-aware"`` (None: the client's)."""
+    min_racks_per_write_quorum: int | None = None
+    """Racks every write set of a segment spans at least (None: the client's)."""
+    min_regions_per_write_quorum: int | None = None
+    """Region-aware: regions every write set spans at least (None: the client's)."""
+    enforce_placement: bool | None = None
+    """Fail to start a segment (PlacementError) rather than place it with less spread
+    (None: the client's)."""
 
     def validate(self) -> StreamConfig:
         if not (self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1):
@@ -103,18 +114,50 @@ class StreamConfig:
         for name in ("rolling_bytes", "rolling_s", "rolling_entries", "retention_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
+        for name, want in PLACEMENT_FIELDS.items():
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, want)
+                                      or isinstance(value, bool) is not (want is bool)):
+                raise ConfigError(f"{name!r} must be {want.__name__} or None (the client's), "
+                                  f"got {type(value).__name__}")
+        if self.placement_policy is not None and self.placement_policy not in POLICIES:
+            raise ConfigError(f"unknown placement_policy {self.placement_policy!r}; choose one "
+                              f"of {', '.join(POLICIES)} (or leave it out: the client's)")
+        for name in ("min_racks_per_write_quorum", "min_regions_per_write_quorum"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
         return self
 
     def with_overrides(self, overrides: dict[str, Any]) -> StreamConfig:
         return config_from(overrides, self)
 
+    @property
+    def placement(self) -> dict[str, Any]:
+        """The placement settings given (those left None are the client's)."""
+        return {name: value for name in PLACEMENT_FIELDS
+                if (value := getattr(self, name)) is not None}
 
+    def to_record(self) -> dict[str, Any]:
+        """The settings as stored: placement settings left None are left out, so a
+        namespace that sets none reads in clients that predate them."""
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if v is not None or k not in PLACEMENT_FIELDS}
+
+
+PLACEMENT_FIELDS: dict[str, type] = {"placement_policy": str,
+                                     "min_racks_per_write_quorum": int,
+                                     "min_regions_per_write_quorum": int,
+                                     "enforce_placement": bool}
+"""The placement settings and their types: each may be None (absent), meaning the
+setting of the client that writes the segment."""
 _CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(StreamConfig)}
 
 
 def config_from(values: dict[str, Any], base: StreamConfig | None = None,
                 source: str = "stream settings") -> StreamConfig:
-    """``base`` (default settings if None) with ``values`` applied, checked."""
+    """``base`` (default settings if None) with ``values`` applied, checked.  A
+    placement setting may be None: the writing client's own."""
     base = base or StreamConfig()
     checked: dict[str, Any] = {}
     for key, value in values.items():
@@ -122,6 +165,9 @@ def config_from(values: dict[str, Any], base: StreamConfig | None = None,
         if f is None:
             raise ConfigError(f"{source}: unknown setting {key!r}; known: "
                               f"{', '.join(_CONFIG_FIELDS)}")
+        if key in PLACEMENT_FIELDS:  # None allowed; checked by validate
+            checked[key] = value
+            continue
         want = type(getattr(base, key))
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
@@ -129,7 +175,10 @@ def config_from(values: dict[str, Any], base: StreamConfig | None = None,
             raise ConfigError(f"{source}: {key!r} must be {want.__name__}, "
                               f"got {type(value).__name__}")
         checked[key] = value
-    return dataclasses.replace(base, **checked).validate()
+    try:
+        return dataclasses.replace(base, **checked).validate()
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def _pack(d: dict[str, Any]) -> bytes:
@@ -237,7 +286,11 @@ class StreamMetadata:
 
     async def create_namespace(self, name: str, config: StreamConfig, ctime_ms: int) -> None:
         key = keys.namespace(self.root, check_namespace_name(name))
-        value = _pack({"defaults": dataclasses.asdict(config), "ctime_ms": ctime_ms})
+        try:
+            config.validate()
+        except ConfigError as exc:
+            raise ConfigError(f"namespace {name!r}: {exc}") from None
+        value = _pack({"defaults": config.to_record(), "ctime_ms": ctime_ms})
         try:
             await self.meta.kv_txn([(key, 0)], put=[(key, value)])
         except MetadataVersionError:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..client.client import PlacementSpec
 from ..client.ledger import FRAME_OVERHEAD_BYTES_MAX
 from ..clock import LOOP_CLOCK, Clock
 from ..errors import (
@@ -65,6 +66,13 @@ class StreamInfo:
     not counted here: ask a reader)."""
 
 
+def placement_spec(config: StreamConfig) -> PlacementSpec | None:
+    """How the ledgers of a stream with ``config`` are placed (None: as the client
+    places any ledger)."""
+    given = config.placement
+    return PlacementSpec(**given) if given else None
+
+
 class Namespace:
     """A namespace of streams.  Get one with ``await bk.namespace(name)``."""
 
@@ -85,7 +93,7 @@ class Namespace:
 
     async def create_stream(self, name: str, **overrides: Any) -> None:
         """A new, empty stream; ``overrides`` replace the namespace's defaults for it
-        (ledger shape, rolling, retention)."""
+        (ledger shape, rolling, retention, placement)."""
         check_stream_name(name)
         config_from(overrides, self.defaults, f"stream {name!r}")  # checked before storing
         await self.md.create_stream(self.name, name, overrides,
@@ -162,7 +170,8 @@ class Namespace:
         return await self.bk.create_ledger(
             config.ensemble_size, config.write_quorum, config.ack_quorum, digest=config.digest,
             metadata={"asyncbk.stream": f"{self.name}/{stream}".encode(),
-                      "asyncbk.segment": str(seq).encode()})
+                      "asyncbk.segment": str(seq).encode()},
+            placement=placement_spec(config))
 
     async def discard_ledger(self, lh: LedgerHandle) -> None:
         """A segment ledger that never made it into the metadata: remove it."""
