@@ -2,7 +2,8 @@
 
 Commands (each takes ``--metadata-uri``):
 
-* ``namespaces``, ``create-namespace NS [settings]``, ``delete-namespace NS [--force]``;
+* ``namespaces``, ``create-namespace NS [settings]``, ``namespace-info NS [--json]``,
+  ``delete-namespace NS [--force]``;
 * ``list NS [--prefix P]``, ``create NS STREAM [settings]``, ``info NS STREAM [--json]``,
   ``delete NS STREAM [--force]``, ``truncate NS STREAM --before POSITION``,
   ``retention NS [STREAM]``;

@@ -1,5 +1,5 @@
 """The ``asyncbk stream`` admin commands: namespaces (``namespaces``,
-``create-namespace``, ``delete-namespace``) and streams (``list``, ``create``,
+``create-namespace``, ``namespace-info``, ``delete-namespace``) and streams (``list``, ``create``,
 ``info``, ``delete``, ``retention``, ``truncate``), and the ``info`` table."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ...stream.meta import StreamMetadata, config_from
+from ...stream.meta import StreamConfig, StreamMetadata, config_from
 from .args import SETTINGS
 from .common import confirm, records_text
 from .segments import last_position, segment_rows
@@ -53,6 +53,17 @@ async def _delete_namespace(ns: Any, args: argparse.Namespace) -> int:
     await ns.delete(force=bool(streams))
     print(f"deleted namespace {ns.name}" + (f" and its {len(streams)} stream(s)"
                                             if streams else ""))
+    return 0
+
+
+async def _namespace_info(ns: Any, args: argparse.Namespace) -> int:
+    streams = len([s async for s in ns.list_streams()])
+    if args.json:
+        print(json.dumps({"namespace": ns.name, "config": dataclasses.asdict(ns.defaults),
+                          "streams": streams}, indent=2))
+        return 0
+    print(f"namespace {ns.name}: {streams} stream(s); the defaults of its streams:")
+    _print_settings(ns.defaults)
     return 0
 
 
@@ -121,6 +132,7 @@ async def _truncate(ns: Any, args: argparse.Namespace) -> int:
 
 ON_NAMESPACE: dict[str, Callable[[Any, argparse.Namespace], Awaitable[int]]] = {
     "delete-namespace": _delete_namespace,
+    "namespace-info": _namespace_info,
     "list": _list,
     "create": _create,
     "info": _info,
@@ -139,6 +151,28 @@ def _fmt_ms(ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
 
 
+def placement_text(cfg: StreamConfig) -> str:
+    """The placement settings of ``cfg`` in words; a setting left out is the writing
+    client's."""
+    def given(value: object) -> str:
+        return "the client's" if value is None else str(value)
+
+    if not cfg.placement:
+        return "placement: the writing client's settings"
+    enforce = {None: "the client's", True: "yes", False: "no"}[cfg.enforce_placement]
+    return (f"placement: policy {given(cfg.placement_policy)}, min racks per write quorum "
+            f"{given(cfg.min_racks_per_write_quorum)}, min regions per write quorum "
+            f"{given(cfg.min_regions_per_write_quorum)}, enforce {enforce}")
+
+
+def _print_settings(cfg: StreamConfig) -> None:
+    print(f"settings: ensemble {cfg.ensemble_size}, write quorum {cfg.write_quorum}, ack "
+          f"quorum {cfg.ack_quorum}, digest {cfg.digest}; rolling at {cfg.rolling_bytes} "
+          f"bytes / {cfg.rolling_s:g} s / {cfg.rolling_entries} records (0: off); "
+          f"retention {cfg.retention_s:g} s (0: until truncated)")
+    print(placement_text(cfg))
+
+
 def _print_info(info: Any, rows: list[dict[str, Any]]) -> None:
     cfg = info.config
     records = sum(r["records"] or 0 for r in rows)
@@ -149,10 +183,7 @@ def _print_info(info: Any, rows: list[dict[str, Any]]) -> None:
           + (f", positions {rows[0]['first_position']} .. {last}" if last else "")
           + (f", txids {min(txids)} .. {max(txids)}" if txids else "")
           + (", ENDED" if info.ended else ""))
-    print(f"settings: ensemble {cfg.ensemble_size}, write quorum {cfg.write_quorum}, ack "
-          f"quorum {cfg.ack_quorum}, digest {cfg.digest}; rolling at {cfg.rolling_bytes} "
-          f"bytes / {cfg.rolling_s:g} s / {cfg.rolling_entries} records (0: off); "
-          f"retention {cfg.retention_s:g} s (0: until truncated)")
+    _print_settings(cfg)
     if not rows:
         print("no segments yet (nothing was ever written)")
         return

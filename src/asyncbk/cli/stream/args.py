@@ -11,6 +11,7 @@ from typing import Any
 from ...meta.model import DIGESTS
 from ...stream.meta import StreamConfig
 from ...stream.position import Position
+from ...topology import POLICIES
 from .. import argtypes
 from ..security import add_client_security_options
 
@@ -66,20 +67,36 @@ SETTINGS: list[tuple[str, str, Callable[[str], Any], str, str]] = [
      "start a new segment after this many records (0: never)"),
     ("--retention-s", "retention_s", _seconds, "SECONDS",
      "drop segments completed longer ago than this (0: keep them until truncated)"),
+    ("--placement-policy", "placement_policy", str, "POLICY",
+     f"how each segment's bookies are chosen ({', '.join(POLICIES)}); see "
+     "docs/placement.md"),
+    ("--min-racks-per-write-quorum", "min_racks_per_write_quorum", _positive, "N",
+     "rack- and region-aware: racks every write set spans at least"),
+    ("--min-regions-per-write-quorum", "min_regions_per_write_quorum", _positive, "N",
+     "region-aware: regions every write set spans at least"),
+    ("--enforce-placement", "enforce_placement", bool, "",
+     "fail to start a segment whose write sets cannot span the minimum racks/regions, "
+     "rather than place it with less spread and a warning (--no-enforce-placement: "
+     "place it anyway)"),
 ]
 """The stream settings ``create-namespace`` takes (its streams' defaults) and
 ``create`` may override."""
 
-
 def _add_settings(p: argparse.ArgumentParser, for_stream: bool) -> None:
     for flag, field, kind, metavar, text in SETTINGS:
-        choices = DIGESTS if field == "digest" else None
+        choices = DIGESTS if field == "digest" else \
+            POLICIES if field == "placement_policy" else None
+        default = None if for_stream else getattr(_DEFAULTS, field)
         if for_stream:
-            p.add_argument(flag, dest=field, type=kind, metavar=metavar, default=None,
-                           choices=choices, help=f"{text} (default: the namespace's)")
+            text = f"{text} (default: the namespace's)"
+        elif default is None:
+            text = f"{text} (default: the {field} of the client writing the segment)"
+        if kind is bool:
+            p.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction,
+                           default=default, help=text)
         else:
-            p.add_argument(flag, dest=field, type=kind, metavar=metavar, choices=choices,
-                           default=getattr(_DEFAULTS, field), help=text)
+            p.add_argument(flag, dest=field, type=kind, metavar=metavar, default=default,
+                           choices=choices, help=text)
 
 
 def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], None],
@@ -107,6 +124,12 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
                 "in it (each stream may override them).")
     names(p, stream=False)
     _add_settings(p, for_stream=False)
+    p = command("namespace-info", "a namespace's settings (its streams' defaults)",
+                "A namespace's settings: the defaults of its streams, placement included "
+                "(a placement setting it leaves out is the writing client's), and how "
+                "many streams it has.")
+    names(p, stream=False)
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p = command("delete-namespace", "delete a namespace (and, with --force, its streams)",
                 "Delete a namespace. One that still has streams is deleted with them only "
                 "after confirmation on a terminal, or with --force.")
