@@ -169,8 +169,7 @@ def _print_settings(cfg: StreamConfig) -> None:
     print(f"settings: ensemble {cfg.ensemble_size}, write quorum {cfg.write_quorum}, ack "
           f"quorum {cfg.ack_quorum}, digest {cfg.digest}; rolling at {cfg.rolling_bytes} "
           f"bytes / {cfg.rolling_s:g} s / {cfg.rolling_entries} records (0: off); "
-          f"retention {cfg.retention_s:g} s (0: until truncated)")
-    print(placement_text(cfg))
+          f"retention {cfg.retention_s:g} s (0: until truncated); {placement_text(cfg)}")
 
 
 def _print_info(info: Any, rows: list[dict[str, Any]]) -> None:
