@@ -356,3 +356,42 @@ def test_a_namespace_places_every_segment_of_its_streams() -> None:
         await c.stop()
 
     run_sim(body)
+
+
+def test_an_enforced_namespace_that_cannot_place_a_segment_fails_with_placement_error() -> None:
+    """Enforced, and the bookies left cannot meet it: ``open_writer`` raises
+    PlacementError; so does a writer's roll once a rack is gone (what it had
+    acknowledged stays)."""
+    async def body() -> None:
+        c = SimCluster(5, 4)
+        await c.start()
+        bk = _client(c, "w")
+        three = await bk.namespace("three", create=True, ensemble_size=3, write_quorum=3,
+                                   ack_quorum=2, placement_policy="rack-aware",
+                                   min_racks_per_write_quorum=3, enforce_placement=True)
+        await three.create_stream("s")
+        with pytest.raises(PlacementError, match="3 racks"):
+            await three.open_writer("s")
+
+        ns = await bk.namespace("two", create=True, ensemble_size=2, write_quorum=2,
+                                ack_quorum=1, rolling_entries=3, **RACK_AWARE)
+        await ns.create_stream("s")
+        w = await ns.open_writer("s")
+        acked = [await w.write(b"%d" % i) for i in range(2)]
+        for b in ("b2:3181", "b3:3181"):  # rack r2 goes, and its registrations expire
+            await c.bookie(b).crash(torn=False)
+        await asyncio.sleep(10)
+        with pytest.raises(PlacementError, match="no new ensemble of 2 bookies"):  # the roll
+            for i in range(2, 10):
+                await asyncio.wait_for(w.write(b"%d" % i), 30)
+        await w.abort()
+        for b in ("b2:3181", "b3:3181"):
+            await c.bookie(b).restart()
+        await asyncio.sleep(1)
+        reader = await ns.open_reader("s")
+        got = [(await reader.read_next()).position for _ in acked]
+        assert got == acked
+        await reader.close()
+        await c.stop()
+
+    run_sim(body)
