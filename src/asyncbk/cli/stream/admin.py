@@ -1,6 +1,7 @@
 """The ``asyncbk stream`` admin commands: namespaces (``namespaces``,
-``create-namespace``, ``namespace-info``, ``delete-namespace``) and streams (``list``, ``create``,
-``info``, ``delete``, ``retention``, ``truncate``), and the ``info`` table."""
+``create-namespace``, ``namespace-info``, ``delete-namespace``) and streams
+(``list``, ``create``, ``info``, ``delete``, ``retention``, ``truncate``), and the
+``info`` table."""
 
 from __future__ import annotations
 
