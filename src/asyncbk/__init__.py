@@ -12,6 +12,7 @@ from ._version import __version__
 from .types import LedgerEntry
 
 if TYPE_CHECKING:
+    from .client.client import PlacementSpec
     from .client.ledger import LedgerHandle, ReadHandle
     from .meta.model import LedgerMetadata, LedgerState
     from .stream.client import BookKeeper
@@ -31,6 +32,7 @@ _LAZY = {
     "ReadHandle": ("asyncbk.client.ledger", "ReadHandle"),
     "LedgerMetadata": ("asyncbk.meta.model", "LedgerMetadata"),
     "LedgerState": ("asyncbk.meta.model", "LedgerState"),
+    "PlacementSpec": ("asyncbk.client.client", "PlacementSpec"),
 }
 
 
@@ -45,6 +47,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BookKeeper", "LedgerEntry", "LedgerHandle", "LedgerMetadata", "LedgerState", "Namespace",
-    "Position", "ReadHandle", "StreamReader", "StreamRecord", "StreamWriter", "__version__",
+    "PlacementSpec", "Position", "ReadHandle", "StreamReader", "StreamRecord", "StreamWriter", "__version__",
     "errors",
 ]

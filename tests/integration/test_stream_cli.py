@@ -22,7 +22,8 @@ from .clitools import cli_env, run_with_terminal
 
 pytestmark = pytest.mark.integration
 
-COMMANDS = ["namespaces", "create-namespace", "delete-namespace", "list", "create", "info",
+COMMANDS = ["namespaces", "create-namespace", "delete-namespace", "namespace-info", "list",
+            "create", "info",
             "retention", "delete", "truncate", "write", "tail"]
 
 
