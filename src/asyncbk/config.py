@@ -277,7 +277,20 @@ class ClientConfig:
     using the best ensemble available with a warning."""
     bookie_racks: dict[str, str] = field(default_factory=dict)
     """Bookie id -> network location ``/region/rack``, winning over what the bookies
-    registered (a static mapping)."""
+    registered (a static mapping), and over the file and the script below."""
+    bookie_racks_file: str = ""
+    """A file of lines ``<bookie-id or host> <location>`` (``#`` comments; a host
+    matches every port): bookie locations winning over the script's and the
+    registered ones (``""``: none).  Read when the client starts, re-read when it
+    changes."""
+    bookie_racks_script: str = ""
+    """A program (and arguments, split like a shell does) called with bookie hosts as
+    arguments, printing one location per host, like BookKeeper's ScriptBasedMapping:
+    locations winning over the registered ones; answers are cached, a failure gives a
+    warning and the default location (``""``: none)."""
+    bookie_racks_script_timeout_s: float = 5.0
+    """How long one run of ``bookie_racks_script`` may take before it is killed (its
+    hosts then get the default location, asked again later)."""
     client_location: str = ""
     """This client's network location: reads ask replicas in its rack first, then in
     its region (``""``: no preference, the write set's order)."""
@@ -305,6 +318,17 @@ class ClientConfig:
             if not isinstance(bookie, str) or not isinstance(location, str):
                 raise ConfigError("bookie_racks must map bookie ids to locations (str)")
             _check_location(f"bookie_racks[{bookie!r}]", location)
+        _check_positive(self, "bookie_racks_script_timeout_s")
+        if self.bookie_racks_script:
+            import shlex
+
+            try:
+                argv = shlex.split(self.bookie_racks_script)
+            except ValueError as exc:
+                raise ConfigError(f"bookie_racks_script: {exc}; quote it as a shell "
+                                  "would") from None
+            if not argv:
+                raise ConfigError("bookie_racks_script has no program to run")
         return self
 
 

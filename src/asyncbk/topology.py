@@ -1,21 +1,27 @@
 """Network locations of bookies and clients: ``/region/rack`` paths.
 
 A bookie declares where it runs (``asyncbk bookie --rack /eu/r1``, registered in
-its registration info under ``"rack"``); a client may also map bookie ids to
-locations itself (``ClientConfig.bookie_racks``, which wins).  A location has one
-or two components: ``/r1`` is rack ``r1`` of the default region, and a bookie
-that declares nothing is in ``/default-region/default-rack``.
+its registration info under ``"rack"``); a client may also map bookies to
+locations itself, which wins: ``ClientConfig.bookie_racks`` (static), then
+``bookie_racks_file`` (lines ``<bookie-id or host> <location>``, parsed here by
+:func:`parse_rack_file`), then ``bookie_racks_script`` (a program printing one
+location per host, its output parsed by :func:`parse_script_output`).  A location
+has one or two components: ``/r1`` is rack ``r1`` of the default region, and a
+bookie that declares nothing is in ``/default-region/default-rack``.
 
 Everything here is pure: placement policies and the read order take a mapping of
-bookie id to location and compute, without I/O.
+bookie id to location and compute, without I/O (reading the file and running the
+script is :class:`asyncbk.client.bookies.RackMapping`'s).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from .types import BookieId
+from .errors import ConfigError
+from .types import BookieId, parse_bookie_id
 
 DEFAULT_REGION = "default-region"
 DEFAULT_RACK = "default-rack"
@@ -53,8 +59,10 @@ def region_of(location: str) -> str:
 
 
 def resolve_locations(registered: Mapping[BookieId, str],
-                      overrides: Mapping[BookieId, str] | None = None) -> dict[BookieId, str]:
-    """Normalized locations: ``overrides`` (a client's static mapping) win over what
+                      overrides: Mapping[BookieId, str] | None = None,
+                      mapped: Mapping[BookieId, str] | None = None) -> dict[BookieId, str]:
+    """Normalized locations: ``overrides`` (a client's static mapping) win over
+    ``mapped`` (what its rack file and script say, normalized), which win over what
     bookies registered; a registered value that is not a valid location counts as the
     default location (a bookie cannot break its clients' placement)."""
     out: dict[BookieId, str] = {}
@@ -63,6 +71,8 @@ def resolve_locations(registered: Mapping[BookieId, str],
             out[bookie] = normalize_location(location)
         except ValueError:
             out[bookie] = DEFAULT_LOCATION
+    for bookie, location in (mapped or {}).items():
+        out[bookie] = location
     for bookie, location in (overrides or {}).items():
         out[bookie] = normalize_location(location)
     return out
@@ -91,7 +101,106 @@ def read_order(replicas: Sequence[BookieId], locations: Mapping[BookieId, str],
     return sorted(replicas, key=distance)  # sorted() is stable
 
 
+def host_of(bookie: BookieId) -> str:
+    """The host part of a bookie id (``10.0.0.5:3181`` -> ``10.0.0.5``; ``[::1]:3181``
+    -> ``::1``); the id itself if it is not ``host:port``."""
+    try:
+        return parse_bookie_id(bookie)[0]
+    except ValueError:
+        return bookie
+
+
+@dataclass(frozen=True)
+class RackFile:
+    """A parsed rack file: locations by bookie id, and by host (any port)."""
+
+    by_id: dict[BookieId, str] = field(default_factory=dict)
+    by_host: dict[str, str] = field(default_factory=dict)
+
+    def lookup(self, bookie: BookieId) -> str | None:
+        """``bookie``'s location in the file: its id's line, else its host's, else None."""
+        found = self.by_id.get(bookie)
+        return found if found is not None else self.by_host.get(host_of(bookie))
+
+    def mapped(self, bookies: Iterable[BookieId]) -> dict[BookieId, str]:
+        """The locations the file gives: every bookie id listed, and ``bookies``
+        that the file maps by id or host."""
+        out = dict(self.by_id)
+        for bookie in bookies:
+            location = self.lookup(bookie)
+            if location is not None:
+                out[bookie] = location
+        return out
+
+
+RACK_FILE_FORMAT = "<bookie-id or host> <location>, e.g. 10.0.0.5:3181 /eu-west/r12"
+
+
+def _file_key(key: str) -> tuple[bool, str]:
+    """``(is a bookie id, key)`` of a rack file line's first field: ``host:port`` is a
+    bookie id; a host alone (``[::1]`` written in brackets or not) matches any port."""
+    if key.startswith("[") and key.endswith("]"):
+        return False, key[1:-1]
+    try:
+        host, port = parse_bookie_id(key)
+    except ValueError:
+        return False, key
+    if ":" in host and not key.startswith("["):  # a bare IPv6 address: a host
+        return False, key
+    return True, key
+
+
+def parse_rack_file(text: str, source: str) -> RackFile:
+    """Parse a rack file: one ``<bookie-id or host> <location>`` per line; ``#`` starts
+    a comment, blank lines are skipped.  Raises :class:`~asyncbk.errors.ConfigError`
+    naming ``source:line`` for a malformed line, a bad location or a key given twice
+    with different locations."""
+    by_id: dict[BookieId, str] = {}
+    by_host: dict[str, str] = {}
+    where: dict[tuple[bool, str], int] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        fields = line.split()
+        if len(fields) != 2:
+            raise ConfigError(f"{source}:{number}: expected two fields, {RACK_FILE_FORMAT}; "
+                              f"got {len(fields)}")
+        key, location = fields
+        try:
+            normalized = normalize_location(location)
+        except ValueError as exc:
+            raise ConfigError(f"{source}:{number}: {exc}") from None
+        is_id, name = _file_key(key)
+        table = by_id if is_id else by_host
+        if (is_id, name) in where and table[name] != normalized:
+            raise ConfigError(f"{source}:{number}: {key} is given another location on "
+                              f"line {where[(is_id, name)]}; keep one of the two lines")
+        where.setdefault((is_id, name), number)
+        table[name] = normalized
+    return RackFile(by_id, by_host)
+
+
+def parse_script_output(output: str, hosts: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """What a rack script printed for ``hosts``: one location per host, in order,
+    separated by whitespace (as BookKeeper's ScriptBasedMapping reads it).  Returns the
+    normalized location of each host that got a valid one, and the hosts whose answer
+    is not a location; ValueError if the number of answers is not the number of hosts."""
+    answers = output.split()
+    if len(answers) != len(hosts):
+        raise ValueError(f"it printed {len(answers)} location(s) for {len(hosts)} host(s)")
+    out: dict[str, str] = {}
+    bad: list[str] = []
+    for host, answer in zip(hosts, answers, strict=True):
+        try:
+            out[host] = normalize_location(answer)
+        except ValueError:
+            bad.append(host)
+    return out, bad
+
+
 __all__ = [
-    "DEFAULT_LOCATION", "DEFAULT_RACK", "DEFAULT_REGION", "LOCATION_KEY", "location_of",
-    "normalize_location", "read_order", "region_of", "resolve_locations",
+    "DEFAULT_LOCATION", "DEFAULT_RACK", "DEFAULT_REGION", "LOCATION_KEY", "RACK_FILE_FORMAT",
+    "RackFile", "host_of", "location_of", "normalize_location", "parse_rack_file",
+    "parse_script_output", "read_order", "region_of", "resolve_locations",
 ]

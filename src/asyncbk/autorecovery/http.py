@@ -58,6 +58,16 @@ class AutoRecoveryCollector:
         yield counter("copied_bytes", "bytes copied to replacement bookies", r.bytes)
         yield counter("copied_fragments", "fragments copied", r.fragments)
         yield counter("errors", "re-replication attempts that failed", r.errors)
+        yield counter("placement_checks", "placement checks of every ledger (--fix-placement)",
+                      st.placement_checks)
+        yield gauge("placement_violating_ledgers",
+                    "ledgers violating the placement policy at the last check",
+                    st.placement_violating)
+        yield counter("placement_fixed_fragments",
+                      "fragments moved to comply with the placement policy",
+                      st.placement_fixed_fragments)
+        yield gauge("placement_left_fragments",
+                    "violating fragments left at the last check", st.placement_left)
 
 
 def routes(ar: AutoRecovery) -> list[web.RouteDef]:

@@ -135,8 +135,6 @@ async def _pick_replacements(bk: BookKeeper, ensemble: Sequence[BookieId], lost:
     answer as writable; fewer if too few answer.  A bookie can stay registered for a
     lease TTL after it died: each proposed one is asked first, and one that does not
     answer is left out of the next proposal."""
-    from ..proto import BookieInfoRequest, BookieInfoResponse
-
     current = list(ensemble)
     todo = list(lost)
     picked: dict[int, BookieId] = {}
@@ -147,20 +145,25 @@ async def _pick_replacements(bk: BookKeeper, ensemble: Sequence[BookieId], lost:
         proposal = bk.placement.replace(current, todo, write_quorum, candidates,
                                         bk.bookies.locations())
         for pos, bookie in zip(todo, proposal, strict=True):
-            ch = bk.bookie_client.channel(bookie)
-            try:
-                resp = await ch.request(BookieInfoRequest(ch.next_request_id()),
-                                        PROBE_TIMEOUT_S)
-            except BKError:
-                unusable.add(bookie)
-                continue
-            if isinstance(resp, BookieInfoResponse) and resp.state == "writable":
+            if await answers_writable(bk, bookie):
                 picked[pos] = bookie
                 current[pos] = bookie
             else:
                 unusable.add(bookie)
         todo = [p for p in todo if p not in picked]
     return [picked[p] for p in lost if p in picked]
+
+
+async def answers_writable(bk: BookKeeper, bookie: BookieId) -> bool:
+    """Whether ``bookie`` answers a health probe (BOOKIE_INFO) as writable."""
+    from ..proto import BookieInfoRequest, BookieInfoResponse
+
+    ch = bk.bookie_client.channel(bookie)
+    try:
+        resp = await ch.request(BookieInfoRequest(ch.next_request_id()), PROBE_TIMEOUT_S)
+    except BKError:
+        return False
+    return isinstance(resp, BookieInfoResponse) and resp.state == "writable"
 
 
 def _unexpected(bookie: BookieId, resp: object, request: str, expected: type) -> str:
@@ -174,18 +177,23 @@ async def _copy_fragment(bk: BookKeeper, md: LedgerMetadata, digest: DigestManag
                          first: int, last: int, ensemble: tuple[BookieId, ...],
                          replaced: dict[int, BookieId], limiter: RateLimiter,
                          stats: ReplicationStats,
-                         progress: Callable[[int, int], None] | None) -> None:
+                         progress: Callable[[int, int], None] | None,
+                         skip: set[int] | None = None) -> None:
+    """Copy the entries of fragment ``first..last`` that the ``replaced`` positions
+    hold to their new bookies, reading each from a replica at a position not in
+    ``skip`` (default: the replaced ones, lost)."""
     todo = [(e, p) for e in range(first, last + 1) for p in replaced
             if (p - e) % md.ensemble_size < md.write_quorum]
     total = len(todo)
     copied = 0
     sem = asyncio.Semaphore(COPY_WINDOW)
+    unread = set(replaced) if skip is None else skip
 
     async def copy(entry_id: int, position: int) -> None:
         nonlocal copied
         async with sem:
             await limiter.acquire()
-            body = await _read_body(bk, md, digest, entry_id, ensemble, set(replaced))
+            body = await _read_body(bk, md, digest, entry_id, ensemble, unread)
             await _write_body(bk, md, key, entry_id, body, replaced[position])
             copied += 1
             stats.entries += 1
@@ -272,5 +280,5 @@ async def _swap_bookies(bk: BookKeeper, md: LedgerMetadata, index: int, first: i
             md = await bk.meta.read_ledger(md.ledger_id)
 
 
-__all__ = ["RateLimiter", "ReplicationStats", "lost_positions", "needs_recovery_first",
-           "replicate_ledger"]
+__all__ = ["RateLimiter", "ReplicationStats", "answers_writable", "lost_positions",
+           "needs_recovery_first", "replicate_ledger"]

@@ -20,6 +20,13 @@
   itself by then.  The mark is cleared when no fragment references a lost
   bookie any more (and kept, with a compare-and-swap, if a new loss was marked
   meanwhile).
+* **Placement** (``fix_placement``, off by default).  The auditor also checks,
+  every ``audit_interval_s``, every ledger against the client's rack- or
+  region-aware policy with the bookies' current locations, and moves the
+  fragments that violate it to bookies the policy chooses (:mod:`.placement`),
+  one ledger at a time under its ``ledger-<id>`` lock, at the same rate limit.
+  Ledgers marked under-replicated are left to the workers first; the open
+  fragment of an open ledger is its writer's and is only reported.
 
 Time (the lost-bookie delay, the age of a mark, every poll and sleep) comes
 from the injected :class:`~asyncbk.clock.Clock`; a mark's time is the metadata
@@ -48,6 +55,7 @@ from ..meta.api import (
 )
 from ..meta.keys import AUDITOR_LOCK, ledger_lock
 from ..types import BookieId
+from .placement import PlacementRule, check_ledger, fix_ledger_placement
 from .replication import RateLimiter, ReplicationStats, needs_recovery_first, replicate_ledger
 
 AUDIT_POLL_S = 0.5
@@ -65,6 +73,9 @@ class AutoRecoveryConfig:
     fragment itself, before the ledger is recovered (fenced and closed) and copied."""
     rate_entries_per_s: float = 5000.0
     """Entries copied per second by one worker (0: no limit)."""
+    fix_placement: bool = False
+    """The auditor also moves fragments that violate the client's rack- or region-aware
+    placement policy (given where the bookies are now) to bookies that comply."""
     lease_ttl_s: int = 10
     election_poll_s: float = 1.0
     worker_poll_s: float = 1.0
@@ -100,6 +111,15 @@ class AutoRecoveryStatus:
     recovered_open_ledgers: int = 0
     underreplicated: int = 0
     """Marked ledgers seen at the worker's last round."""
+    placement_checks: int = 0
+    """Placement checks of every ledger done (``fix_placement``)."""
+    placement_violating: int = 0
+    """Ledgers that violated the placement policy at the last check."""
+    placement_fixed_fragments: int = 0
+    """Fragments moved to comply with the placement policy."""
+    placement_left: int = 0
+    """Violating fragments left at the last check (open, a bookie not registered, no
+    bookies to comply with, or an error)."""
     last_error: str = ""
     clock: Clock = field(default=SYSTEM_CLOCK, repr=False, compare=False)
 
@@ -118,6 +138,10 @@ class AutoRecoveryStatus:
             "recovered_open_ledgers": self.recovered_open_ledgers,
             "copied_entries": r.entries, "copied_bytes": r.bytes,
             "copied_fragments": r.fragments, "errors": r.errors, "last_error": self.last_error,
+            "placement_checks": self.placement_checks,
+            "placement_violating_ledgers": self.placement_violating,
+            "placement_fixed_fragments": self.placement_fixed_fragments,
+            "placement_left_fragments": self.placement_left,
         }
 
 
@@ -171,6 +195,14 @@ class AutoRecovery:
         self._owns_client = owns_client
         self.meta: RecoveryMetadata = bk.meta
         self.config = config.validate()
+        self.placement_rule: PlacementRule | None = None
+        """What ``fix_placement`` checks against: the client's placement settings."""
+        if config.fix_placement:
+            self.placement_rule = PlacementRule.of_client(bk.config)
+            if self.placement_rule.policy == "random":
+                raise ValueError("fix_placement needs a rack-aware or region-aware placement "
+                                 "policy in the client's settings (--placement-policy): "
+                                 "random placement accepts every ensemble")
         self.id = process_id or f"{socket.gethostname()}:{os.getpid()}"
         self.log = get_logger(component="autorecovery", autorecovery_id=self.id)
         self.status = AutoRecoveryStatus(self.id, clock=clock)
@@ -240,16 +272,20 @@ class AutoRecovery:
             await self.clock.sleep(self.config.election_poll_s)
 
     async def _audit_while_holding(self, lease_id: int) -> None:
-        auditor = asyncio.get_running_loop().create_task(self._audit())
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._audit())]
+        if self.placement_rule is not None:
+            tasks.append(loop.create_task(self._placement_loop()))
         try:
-            while not auditor.done():
+            while not any(t.done() for t in tasks):
                 await self.clock.sleep(self.config.election_poll_s)
                 if self.lease.lease_id != lease_id or \
                         await self.meta.lock_holder(AUDITOR_LOCK) != self.id:
                     return
         finally:
-            auditor.cancel()
-            await asyncio.gather(auditor, return_exceptions=True)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ auditor
 
@@ -327,6 +363,87 @@ class AutoRecovery:
         self.status.ledgers_marked += marked
         self.log.warning("bookies lost: ledgers marked under-replicated", bookies=sorted(lost),
                          ledgers=marked)
+
+    # ------------------------------------------------------------------ placement
+
+    async def _placement_loop(self) -> None:
+        """While auditor: check (and repair) every ledger's placement each audit interval."""
+        while True:
+            try:
+                await self.check_placement()
+            except BKError as exc:
+                self.status.last_error = f"placement check: {exc}"
+                self.log.warning("placement check failed; retrying at the next interval",
+                                 error=str(exc))
+            await self.clock.sleep(self.config.audit_interval_s)
+
+    async def check_placement(self) -> None:
+        """One pass of ``fix_placement``: every ledger checked, violating ones repaired."""
+        rule = self.placement_rule
+        if rule is None:
+            return
+        view = await self._available()
+        available = set(view)
+        writable = sorted(b for b, reg in view.items() if not reg.readonly)
+        locations = await self.bk.bookies.current_locations(self.config.metadata_timeout_s)
+        marked = {m.ledger_id for m in await self.meta.list_underreplicated()}
+        violating = left = 0
+        async for ledger_id in self.meta.iter_ledger_ids():
+            if ledger_id in marked:
+                continue  # lost bookies first: the workers' job
+            try:
+                md = await self.meta.read_ledger(ledger_id)
+            except NoSuchLedgerError:
+                continue
+            checks = check_ledger(md, rule, locations, available)
+            if not checks:
+                continue
+            violating += 1
+            if not any(c.fixable for c in checks):
+                left += len(checks)
+                continue
+            left += await self._fix_placement(ledger_id, rule, available, writable,
+                                              len(checks))
+        st = self.status
+        st.placement_checks += 1
+        st.placement_violating, st.placement_left = violating, left
+        if violating:
+            self.log.warning("placement check: ledgers violate the placement policy",
+                             policy=rule.policy, ledgers=violating, fragments_left=left)
+
+    async def _fix_placement(self, ledger_id: int, rule: PlacementRule,
+                             available: set[BookieId], writable: list[BookieId],
+                             violating: int) -> int:
+        """Repair one ledger (with ``violating`` fragments) under its lock; returns the
+        violating fragments left."""
+        lease_id = await self.lease.ready()
+        lock = ledger_lock(ledger_id)
+        owner = f"{self.id} placement"  # not this process's worker (locks are re-entrant)
+        try:
+            if await self.meta.acquire_lock(lock, owner, lease_id) != owner:
+                return violating  # a worker has it; the next check sees it again
+        except MetadataError:
+            return violating
+        self.status.replicating = ledger_id
+        try:
+            done = await fix_ledger_placement(self.bk, ledger_id, rule, available, writable,
+                                              self.limiter, self.status.replication)
+        except NoSuchLedgerError:
+            return 0
+        except BKError as exc:  # a concurrent change or a failed copy: next interval
+            self.status.replication.errors += 1
+            self.status.last_error = f"ledger {ledger_id} placement: {exc}"
+            self.log.warning("placement repair failed; retrying at the next check",
+                             ledger_id=ledger_id, error=str(exc))
+            return violating
+        finally:
+            self.status.replicating = None
+            with contextlib.suppress(BKError):
+                await self.meta.release_lock(lock, owner)
+        self.status.placement_fixed_fragments += len(done.fixed)
+        for line in done.left:
+            self.log.warning("placement violation left", detail=line)
+        return len(done.left)
 
     # ------------------------------------------------------------------ worker
 

@@ -64,6 +64,81 @@ def _id_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected ids separated by commas, got {text!r}") from None
 
 
+def add_client_placement_options(p: argparse._ActionsContainer) -> None:
+    """The placement settings of a command's client (ClientConfig fields of the same
+    names; see docs/placement.md): ``--placement-policy``, ``--min-racks-per-write-
+    quorum``, ``--min-regions-per-write-quorum``, ``--enforce-placement``,
+    ``--bookie-racks-file``, ``--bookie-racks-script``."""
+    from ..topology import POLICIES, RACK_FILE_FORMAT
+
+    p.add_argument("--placement-policy", choices=POLICIES, default=None,
+                   help="how this client chooses ensembles and replacement bookies "
+                   "(default: random)")
+    p.add_argument("--min-racks-per-write-quorum", type=_positive_int, default=None,
+                   metavar="N", help="rack- and region-aware: racks every write set spans "
+                   "at least, capped at the write quorum (default: 2)")
+    p.add_argument("--min-regions-per-write-quorum", type=_positive_int, default=None,
+                   metavar="N", help="region-aware: regions every write set spans at least, "
+                   "capped at the write quorum (default: 2)")
+    p.add_argument("--enforce-placement", action="store_true", default=None,
+                   help="fail when the minimum racks/regions cannot be met (default: use "
+                   "the best ensemble available, with a warning)")
+    p.add_argument("--bookie-racks-file", metavar="FILE", default=None,
+                   help=f"locate bookies by this file, lines {RACK_FILE_FORMAT.split(',')[0]} "
+                   "('#' comments; a host matches any port), winning over "
+                   "--bookie-racks-script and the bookies' --rack (default: none)")
+    p.add_argument("--bookie-racks-script", metavar="COMMAND", default=None,
+                   help="locate bookies by running COMMAND with bookie hosts as arguments; it "
+                   "prints one location per host (default: none)")
+
+
+_PLACEMENT_OPTIONS = ("placement_policy", "min_racks_per_write_quorum",
+                      "min_regions_per_write_quorum", "enforce_placement", "bookie_racks_file",
+                      "bookie_racks_script")
+
+
+def client_placement_options(args: argparse.Namespace, *, read_file: bool = False
+                             ) -> dict[str, Any]:
+    """The ClientConfig settings of the options of :func:`add_client_placement_options`
+    that were given, checked (ConfigError); with ``read_file``, the rack file too
+    (blocking: before the event loop runs)."""
+    from ..config import ClientConfig, from_mapping
+    from ..topology import parse_rack_file
+
+    values = {name: getattr(args, name) for name in _PLACEMENT_OPTIONS
+              if getattr(args, name, None) is not None}
+    from_mapping(ClientConfig, values, "options")
+    path = values.get("bookie_racks_file")
+    if read_file and path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"bookie_racks_file {path} does not exist; create it or leave "
+                              "out --bookie-racks-file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"bookie_racks_file {path} cannot be read: {exc}") from None
+        parse_rack_file(text, path)
+    return values
+
+
+async def connect_client(args: argparse.Namespace) -> Any:
+    """A BookKeeper client of a command's options: ``--metadata-uri``, TLS and token
+    (:mod:`.security`), placement (:func:`add_client_placement_options`).  A bad rack
+    file is refused (ConfigError naming file:line) before anything is contacted."""
+    from ..client.client import BookKeeper
+
+    options = client_placement_options(args)
+    security = await asyncio.to_thread(client_security, args)
+    return await BookKeeper.connect(args.metadata_uri, **security, **options)
+
+
+def _check_fix_placement(args: argparse.Namespace) -> None:
+    if getattr(args, "fix_placement", False) and \
+            (args.placement_policy or "random") == "random":
+        raise CliError("--fix-placement needs --placement-policy rack-aware or region-aware "
+                       "(random placement accepts every ensemble)")
+
+
 def _add_autorecovery_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lost-bookie-delay", "--grace-s", dest="lost_bookie_delay",
                    type=_non_negative_float, default=30.0, metavar="SECONDS",
@@ -76,6 +151,10 @@ def _add_autorecovery_options(p: argparse.ArgumentParser) -> None:
                    "lost bookie itself before the ledger is fenced and copied (default 30)")
     p.add_argument("--rate", type=_non_negative_float, default=5000.0, metavar="ENTRIES",
                    help="entries copied per second by this worker, 0 = no limit (default 5000)")
+    p.add_argument("--fix-placement", action="store_true",
+                   help="the auditor also checks every ledger against --placement-policy "
+                   "every --audit-interval and moves fragments whose write sets violate it "
+                   "(given where the bookies are now) to bookies that comply (default: off)")
 
 
 def _autorecovery_config(args: argparse.Namespace) -> Any:
@@ -84,7 +163,8 @@ def _autorecovery_config(args: argparse.Namespace) -> Any:
     return AutoRecoveryConfig(lost_bookie_delay_s=args.lost_bookie_delay,
                               audit_interval_s=args.audit_interval,
                               open_ledger_grace_s=args.open_ledger_grace,
-                              rate_entries_per_s=args.rate).validate()
+                              rate_entries_per_s=args.rate,
+                              fix_placement=args.fix_placement).validate()
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
@@ -255,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "the tokens in this file (one per line)")
     add_etcd_security_options(p)
     _add_autorecovery_options(p)
+    g = p.add_argument_group("placement of --autorecovery's copies",
+                             "the placement settings of the in-process auto-recovery's client")
+    add_client_placement_options(g)
     _add_log_options(p)
 
     p = sub.add_parser("autorecovery", help="run auto-recovery (auditor + replication worker)",
@@ -273,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "default: plain HTTP)")
     p.add_argument("--http-tls-key", metavar="FILE", help="the key of --http-tls-cert (PEM)")
     add_client_security_options(p)
+    add_client_placement_options(p)
     _add_autorecovery_options(p)
     _add_log_options(p)
 
@@ -366,6 +450,13 @@ def cmd_bookie(args: argparse.Namespace) -> int:
         if not values.get(required):
             raise CliError(f"{flag} is required (or set {required} in --config)")
     config = from_mapping(BookieConfig, values, args.config or "options")
+    placement = client_placement_options(args, read_file=True)
+    if placement and not args.autorecovery:
+        raise CliError("the placement options are for the in-process auto-recovery's client: "
+                       "give --autorecovery too (the bookie's own location is --rack)")
+    if args.fix_placement and not args.autorecovery:
+        raise CliError("--fix-placement is an auto-recovery option: give --autorecovery too")
+    _check_fix_placement(args)
     _configure_logging(args)
     if not args.autorecovery:
         return _run(lambda: run_bookie(config))
@@ -377,7 +468,7 @@ def cmd_bookie(args: argparse.Namespace) -> int:
         from ..client.client import BookKeeper
 
         security = await asyncio.to_thread(_bookie_client_security, config)
-        bk = await BookKeeper.connect(config.metadata_uri, **security)
+        bk = await BookKeeper.connect(config.metadata_uri, **security, **placement)
         ar = AutoRecovery(bk, ar_config, process_id=f"bookie-{server.bookie_id}",
                           owns_client=True)
         server.http_extra_routes.extend(routes(ar))
@@ -409,6 +500,8 @@ def cmd_autorecovery(args: argparse.Namespace) -> int:
     if args.http_tls_cert and args.http_port is None:
         raise CliError("--http-tls-cert is for the HTTP endpoint: give --http-port too")
     ar_config = _autorecovery_config(args)
+    client_placement_options(args, read_file=True)
+    _check_fix_placement(args)
     _configure_logging(args)
 
     async def run() -> int:
@@ -416,17 +509,15 @@ def cmd_autorecovery(args: argparse.Namespace) -> int:
 
         from ..autorecovery.http import AutoRecoveryHttpServer
         from ..autorecovery.service import AutoRecovery
-        from ..client.client import BookKeeper
         from ..net.security import server_context
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        security = await asyncio.to_thread(client_security, args)
         http_tls = await asyncio.to_thread(server_context, args.http_tls_cert,
                                            args.http_tls_key) if args.http_tls_cert else None
-        bk = await BookKeeper.connect(args.metadata_uri, **security)
+        bk = await connect_client(args)
         ar = AutoRecovery(bk, ar_config, process_id=args.id, owns_client=True)
         http = None
         try:

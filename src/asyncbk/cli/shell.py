@@ -4,27 +4,40 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import BKError
-from .security import add_client_security_options, client_security
+from ..errors import BKError, MetadataVersionError, NoSuchLedgerError
+from ..topology import location_of
+from .argtypes import non_negative_float as _non_negative_float
+from .argtypes import positive_int as _positive_int
+from .security import add_client_security_options
 
 
 def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], None]) -> None:
-    def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--metadata-uri", required=True, help="etcd://host:port[,...]/<root>")
+    from ..topology import POLICIES
+    from .main import add_client_placement_options
+
+    def command(name: str, help_text: str, description: str = "") -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_text,
+                                                    description=description or help_text)
+        p.add_argument("--metadata-uri", required=True,
+                       help="required: the cluster, etcd://host:port[,...]/<root>")
         add_client_security_options(p)
+        add_client_placement_options(p)
         add_log_options(p)
         return p
 
-    command("listbookies", "list registered bookies (writable and read-only)")
+    p = command("listbookies", "list registered bookies (writable and read-only), with "
+                "their network location")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON list instead of tab-separated lines (default: text)")
     p = command("listledgers", "list ledger ids")
     p.add_argument("--meta", action="store_true", help="print each ledger's metadata too")
     p = command("ledgermetadata", "print one ledger's metadata as JSON")
@@ -70,6 +83,35 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
     p.add_argument("bookie_id", metavar="BOOKIE", help="host:port")
     p.add_argument("--rate", type=float, default=0.0,
                    help="entries copied per second (default 0: no limit)")
+    p = command("placementcheck", "list ledger fragments whose write sets violate a rack- or "
+                "region-aware placement policy, given where the bookies are now; --fix moves "
+                "them", "List the ledgers (fragment, first entry, why) whose write sets "
+                "span fewer racks or regions than the policy requires, given the bookies' "
+                "current locations (their --rack, or --bookie-racks-file, "
+                "--bookie-racks-script). Each write set must span min(minimum, write quorum, "
+                "racks available) racks (region-aware: regions, then racks). The open "
+                "fragment of an open ledger is its writer's: reported, not moved. Exits 0 "
+                "when nothing violates the policy (with --fix: when nothing is left), 1 "
+                "otherwise. See docs/placement.md.")
+    p.add_argument("--policy", choices=POLICIES, default=None,
+                   help="the policy to check against (default: --placement-policy, the "
+                   "client's, itself random by default, which nothing can violate)")
+    p.add_argument("--min-racks", type=_positive_int, default=None, metavar="N",
+                   help="racks each write set must span (default: "
+                   "--min-racks-per-write-quorum, 2)")
+    p.add_argument("--min-regions", type=_positive_int, default=None, metavar="N",
+                   help="region-aware: regions each write set must span (default: "
+                   "--min-regions-per-write-quorum, 2)")
+    p.add_argument("--fix", action="store_true",
+                   help="move the violating fragments of closed ledgers (and the earlier "
+                   "fragments of open ones) to bookies the policy chooses: copy their "
+                   "entries, then swap the bookies in the metadata (default: only report)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --fix: only print what would be moved (default: move)")
+    p.add_argument("--rate", type=_non_negative_float, default=0.0, metavar="ENTRIES",
+                   help="with --fix: entries copied per second (default 0: no limit)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document instead of text (default: text)")
     p = command("bookiesanity", "write entries to one bookie and read them back")
     p.add_argument("bookie_id", metavar="BOOKIE", help="host:port")
     p.add_argument("--entries", type=int, default=10)
@@ -164,7 +206,9 @@ def _lastmark(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(prefix: str) -> Callable[[int, int], None]:
+def _progress(prefix: str, unit: str = "entries copied") -> Callable[[int, int], None]:
+    """``report(done, total)``: ``prefix: done/total unit`` on stderr, at most twice a
+    second, the last one always."""
     import sys
 
     last = [0.0]
@@ -174,13 +218,62 @@ def _progress(prefix: str) -> Callable[[int, int], None]:
         if done == total or now - last[0] > 0.5:
             last[0] = now
             end = "\n" if done == total else ""
-            print(f"\r{prefix}: {done}/{total} entries copied", end=end, file=sys.stderr,
+            print(f"\r{prefix}: {done}/{total} {unit}", end=end, file=sys.stderr,
                   flush=True)
 
     return report
 
 
 LOCK_LEASE_TTL_S = 30
+
+
+class _LedgerLocks:
+    """Ledgers changed one at a time under their ``ledger-<id>`` lock (the one
+    auto-recovery's workers take), bound to a lease kept alive while the command runs
+    (``enabled=False``: no locks, for dry runs)."""
+
+    def __init__(self, bk: Any, owner: str, enabled: bool = True) -> None:
+        from ..autorecovery.service import LeaseKeeper
+        from ..log import get_logger
+
+        self._bk = bk
+        self.owner = owner
+        self._keeper = LeaseKeeper(bk.meta, LOCK_LEASE_TTL_S, get_logger(component=owner))
+        self._keeping: asyncio.Task[None] | None = None
+        self._enabled = enabled
+
+    async def __aenter__(self) -> _LedgerLocks:
+        if self._enabled:
+            self._keeping = asyncio.create_task(self._keeper.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._keeping is not None:
+            self._keeping.cancel()
+            await asyncio.gather(self._keeping, return_exceptions=True)
+        if self._keeper.lease_id is not None:
+            await self._bk.meta.revoke_lease(self._keeper.lease_id)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, ledger_id: int) -> AsyncIterator[str | None]:
+        """Take the ledger's lock for the block: yields None, or who holds it (the
+        block must then leave the ledger alone)."""
+        from ..meta.keys import ledger_lock
+
+        if self._keeping is None:
+            yield None
+            return
+        lock = ledger_lock(ledger_id)
+        async with asyncio.timeout(self._bk.config.metadata_timeout_s):
+            lease_id = await self._keeper.ready()
+        holder = await self._bk.meta.acquire_lock(lock, self.owner, lease_id)
+        if holder != self.owner:
+            yield holder
+            return
+        try:
+            yield None
+        finally:
+            await self._bk.meta.release_lock(lock, self.owner)
 
 
 async def _recover_one(bk: Any, md: Any, bookie: str, available: set[str], writable: list[str],
@@ -211,9 +304,6 @@ async def _recover_one(bk: Any, md: Any, bookie: str, available: set[str], writa
 async def _recover(bk: Any, bookie: str, rate: float, dry_run: bool, skip_open: bool) -> int:
     """Copy every fragment on ``bookie`` elsewhere; returns the number of problems."""
     from ..autorecovery.replication import RateLimiter, ReplicationStats
-    from ..autorecovery.service import LeaseKeeper
-    from ..log import get_logger
-    from ..meta.keys import ledger_lock
 
     view = await bk.meta.list_bookies()
     available = set(view) - {bookie}
@@ -229,40 +319,24 @@ async def _recover(bk: Any, bookie: str, rate: float, dry_run: bool, skip_open: 
             todo.append(md)
     print(f"{len(todo)} of {len(ledgers)} ledgers have a fragment on {bookie}")
     # Each ledger is copied under its lock, bound to a lease kept alive for the run.
-    keeper = LeaseKeeper(bk.meta, LOCK_LEASE_TTL_S, get_logger(component="shell-recover"))
-    keeping = asyncio.create_task(keeper.run()) if todo and not dry_run else None
-    owner = f"shell-recover-{os.getpid()}"
-    try:
+    async with _LedgerLocks(bk, f"shell-recover-{os.getpid()}",
+                            enabled=bool(todo) and not dry_run) as locks:
         for md in todo:
-            lock = ledger_lock(md.ledger_id)
-            if keeping is not None:
-                async with asyncio.timeout(bk.config.metadata_timeout_s):
-                    lease_id = await keeper.ready()
-                holder = await bk.meta.acquire_lock(lock, owner, lease_id)
-                if holder != owner:  # an auto-recovery worker (or GC) is on it
+            async with locks.hold(md.ledger_id) as holder:
+                if holder is not None:  # an auto-recovery worker (or GC) is on it
                     problems += 1
                     print(f"ledger {md.ledger_id}: busy ({holder} holds it); run again later")
                     continue
-            try:
                 problems += not await _recover_one(bk, md, bookie, available, writable,
                                                    limiter, stats, dry_run, skip_open)
-            finally:
-                if keeping is not None:
-                    await bk.meta.release_lock(lock, owner)
-    finally:
-        if keeping is not None:
-            keeping.cancel()
-            await asyncio.gather(keeping, return_exceptions=True)
-        if keeper.lease_id is not None:
-            await bk.meta.revoke_lease(keeper.lease_id)
     if not dry_run:
         print(f"done: {stats.fragments} fragments, {stats.entries} entries, {stats.bytes} bytes "
               f"copied; {problems} ledger(s) failed")
     return problems
 
 
-async def _bookie_info(bk: Any, bookie: str) -> str:
-    """Free disk and version of a bookie, asked over the protocol (BOOKIE_INFO)."""
+async def _ask_bookie_info(bk: Any, bookie: str) -> Any:
+    """The bookie's BOOKIE_INFO answer, or a text saying why there is none."""
     from ..proto import BookieInfoRequest, BookieInfoResponse
 
     ch = bk.bookie_client.channel(bookie)
@@ -272,9 +346,172 @@ async def _bookie_info(bk: Any, bookie: str) -> str:
         return f"(no answer: {exc})"
     if not isinstance(resp, BookieInfoResponse):
         return f"(unexpected answer: {type(resp).__name__})"
+    return resp
+
+
+async def _bookie_info(bk: Any, bookie: str) -> str:
+    """Free disk and version of a bookie, asked over the protocol (BOOKIE_INFO)."""
+    resp = await _ask_bookie_info(bk, bookie)
+    if isinstance(resp, str):
+        return resp
     free_gib = resp.free_bytes / 2**30
     used = 1 - resp.free_bytes / resp.total_bytes if resp.total_bytes else 0.0
     return f"free {free_gib:.1f} GiB ({used:.0%} used)\tversion {resp.version}"
+
+
+async def _listbookies(bk: Any, as_json: bool) -> None:
+    """Each registered bookie: id, writable or read-only, network location (the
+    default one, /default-region/default-rack, for a bookie without one), free disk
+    and version."""
+    view = await bk.meta.list_bookies()
+    locations = await bk.bookies.current_locations(bk.config.metadata_timeout_s)
+    bookies = sorted(view)
+    if as_json:
+        answers = await asyncio.gather(*(_ask_bookie_info(bk, b) for b in bookies))
+        out = []
+        for bid, resp in zip(bookies, answers, strict=True):
+            row: dict[str, Any] = {"id": bid,
+                                   "state": "readonly" if view[bid].readonly else "writable",
+                                   "rack": location_of(bid, locations)}
+            if isinstance(resp, str):
+                row["error"] = resp.strip("()")
+            else:
+                row.update(free_bytes=resp.free_bytes, total_bytes=resp.total_bytes,
+                           version=resp.version)
+            out.append(row)
+        print(json.dumps(out, indent=2))
+        return
+    if not view:
+        print("no bookies registered")
+    infos = await asyncio.gather(*(_bookie_info(bk, b) for b in bookies))
+    for bid, info in zip(bookies, infos, strict=True):
+        print(f"{bid}\t{'readonly' if view[bid].readonly else 'writable'}\t"
+              f"{location_of(bid, locations)}\t{info}")
+
+
+async def _placementcheck(bk: Any, args: argparse.Namespace) -> int:
+    """``placementcheck``: see its description (add_commands).  Returns the exit code."""
+    import sys
+
+    from ..autorecovery.placement import (
+        PlacementRule,
+        available_racks,
+        check_ledger,
+        describe_available,
+        fix_ledger_placement,
+    )
+    from ..autorecovery.replication import RateLimiter, ReplicationStats
+
+    cfg = bk.config
+    given = args.policy is not None
+    rule = PlacementRule(args.policy or cfg.placement_policy,
+                         args.min_racks or cfg.min_racks_per_write_quorum,
+                         args.min_regions or cfg.min_regions_per_write_quorum)
+    report: dict[str, Any] = {
+        "policy": rule.policy, "min_racks_per_write_quorum": rule.min_racks_per_write_quorum,
+        "min_regions_per_write_quorum": rule.min_regions_per_write_quorum
+        if rule.policy == "region-aware" else None}
+    if rule.policy == "random":
+        note = ("random placement accepts every ensemble, so no ledger can violate it"
+                + ("" if given else " (the client's --placement-policy is random)")
+                + "; check against a policy with --policy rack-aware or --policy region-aware")
+        if args.json:
+            print(json.dumps({**report, "ledgers_checked": 0, "violating_ledgers": 0,
+                              "fragments": [], "note": note}, indent=2))
+        else:
+            print(note)
+        return 0
+    view = await bk.meta.list_bookies()
+    available = set(view)
+    writable = sorted(b for b, reg in view.items() if not reg.readonly)
+    locations = await bk.bookies.current_locations(cfg.metadata_timeout_s)
+    racks = available_racks(locations, available)
+    ledgers = [lid async for lid in bk.list_ledgers()]
+    progress = _progress("placementcheck", "ledgers checked")
+    checks = []
+    for n, lid in enumerate(ledgers, 1):
+        progress(n, len(ledgers))
+        try:
+            md = await bk.ledger_metadata(lid)
+        except NoSuchLedgerError:  # deleted meanwhile
+            continue
+        checks += check_ledger(md, rule, locations, available)
+    violating = sorted({c.ledger_id for c in checks})
+    report.update(racks=racks, ledgers_checked=len(ledgers), violating_ledgers=len(violating),
+                  fragments=[c.to_json() for c in checks])
+    over = f"{rule.describe()}; bookies: {describe_available(racks)}"
+    if not args.json:
+        for c in checks:
+            note = f" (not movable now: {c.why_not_fixable()})" if not c.fixable else ""
+            print(f"{c.where()}, ensemble [{', '.join(c.ensemble)}]{note}:")
+            for v in c.violations:
+                print(f"  {v}")
+    left = len(checks)
+    if args.fix and checks:
+        left = 0
+        fixed: list[str] = []
+        unfixed: list[str] = []
+        stats = ReplicationStats()
+        limiter = RateLimiter(args.rate)
+        by_ledger: dict[int, int] = {}
+        for c in checks:
+            by_ledger[c.ledger_id] = by_ledger.get(c.ledger_id, 0) + 1
+        async with _LedgerLocks(bk, f"shell-placement-{os.getpid()}",
+                                enabled=not args.dry_run) as locks:
+            for lid in violating:
+                async with locks.hold(lid) as holder:
+                    if holder is not None:
+                        unfixed.append(f"ledger {lid}: busy ({holder} holds it); run again "
+                                       "later")
+                        left += by_ledger[lid]
+                        continue
+                    try:
+                        done = await fix_ledger_placement(
+                            bk, lid, rule, available, writable, limiter, stats,
+                            progress=None if args.dry_run or args.json
+                            else _progress(f"ledger {lid}"), dry_run=args.dry_run)
+                    except NoSuchLedgerError:
+                        continue  # deleted meanwhile: nothing left to fix
+                    except MetadataVersionError as exc:
+                        unfixed.append(f"ledger {lid}: changed while it was moved ({exc}); "
+                                       "nothing was lost: run placementcheck again")
+                        left += by_ledger[lid]
+                        continue
+                    except BKError as exc:
+                        unfixed.append(f"ledger {lid}: FAILED: {exc}")
+                        left += by_ledger[lid]
+                        continue
+                fixed += done.fixed
+                unfixed += done.left
+                left += len(done.left)
+        if args.dry_run:
+            left = len(checks)
+        report.update(fixed=fixed, left=unfixed, dry_run=args.dry_run,
+                      copied_entries=stats.entries, copied_bytes=stats.bytes)
+        if not args.json:
+            verb = "would move" if args.dry_run else "moved"
+            for line in fixed:
+                print(f"{verb} {line}")
+            for line in unfixed:
+                print(f"left {line}")
+            if args.dry_run:
+                print(f"dry run: {len(fixed)} of {len(checks)} violating fragment(s) would be "
+                      f"moved, {len(unfixed)} not; {over}")
+            else:
+                print(f"moved {len(fixed)} of {len(checks)} violating fragment(s) "
+                      f"({stats.entries} entries, {stats.bytes} bytes copied); {left} left; "
+                      f"{over}")
+    elif not args.json:
+        if checks:
+            print(f"{len(violating)} of {len(ledgers)} ledger(s) violate the placement policy "
+                  f"({len(checks)} fragment(s)); {over}; move them with --fix")
+        else:
+            print(f"placement OK: none of {len(ledgers)} ledger(s) violates {over}")
+    if args.json:
+        report["left_fragments"] = left
+        print(json.dumps(report, indent=2))
+    sys.stdout.flush()
+    return 1 if left else 0
 
 
 async def _bookie_admin(bk: Any, bookie: str) -> str:
@@ -357,28 +594,27 @@ async def _confirm_delete(md: Any) -> None:
 
 def run_shell(args: argparse.Namespace, run: Callable[..., int],
               configure_logging: Callable[..., None]) -> int:
-    from ..client.client import BookKeeper
-    from .main import CliError
+    from .main import CliError, client_placement_options, connect_client
 
     if args.shell_command is None:
         raise CliError("choose a command: asyncbk shell --help")
+    if args.shell_command != "lastmark":
+        client_placement_options(args, read_file=True)  # bad options: before connecting
+    if args.shell_command == "placementcheck" and args.dry_run and not args.fix:
+        raise CliError("--dry-run shows what --fix would move: give --fix too")
     configure_logging(args, "warning")
     if args.shell_command == "lastmark":
         return _lastmark(args)
 
     async def go() -> int:
-        security = await asyncio.to_thread(client_security, args)
-        async with await BookKeeper.connect(args.metadata_uri, **security) as bk:
+        async with await connect_client(args) as bk:
             cmd = args.shell_command
             if cmd != "bookieformat":  # that one must work with every bookie down
                 await _require_cluster(bk, args.metadata_uri)
             if cmd == "listbookies":
-                view = await bk.meta.list_bookies()
-                if not view:
-                    print("no bookies registered")
-                infos = await asyncio.gather(*(_bookie_info(bk, b) for b in sorted(view)))
-                for bid, info in zip(sorted(view), infos, strict=True):
-                    print(f"{bid}\t{'readonly' if view[bid].readonly else 'writable'}\t{info}")
+                await _listbookies(bk, args.json)
+            elif cmd == "placementcheck":
+                return await _placementcheck(bk, args)
             elif cmd == "listledgers":
                 async for lid in bk.list_ledgers():
                     if args.meta:

@@ -20,7 +20,7 @@ from ..meta.uri import open_metadata_store
 from ..net.channel import BookieClient, Connector, tcp_connector
 from ..topology import POLICIES
 from ..types import BookieId
-from .bookies import WRITABLE_STATE, BookieWatcher
+from .bookies import WRITABLE_STATE, BookieWatcher, RackMapping
 from .context import ClientContext, ClientStats
 from .ledger import LedgerHandle, ReadHandle
 from .placement import PlacementPolicy, Quarantine, make_policy
@@ -122,7 +122,8 @@ class BookKeeper:
 
     def __init__(self, meta: MetadataStore, config: ClientConfig, *,
                  connector: Connector | None = None, rng: random.Random | None = None,
-                 ssl: ssl_module.SSLContext | None = None, token: str | None = None) -> None:
+                 ssl: ssl_module.SSLContext | None = None, token: str | None = None,
+                 rack_mapping: RackMapping | None = None) -> None:
         self.meta = meta
         self.config = config
         self.bookie_client = BookieClient(
@@ -146,8 +147,10 @@ class BookKeeper:
         """The policies of ``create_ledger(placement=...)``, one per distinct setting."""
         self.quarantine = Quarantine(config.bookie_quarantine_s)
         self.stats = ClientStats()
-        self.bookies = BookieWatcher(meta, self._on_bookie_registered,
-                                     static_locations=config.bookie_racks)
+        self.bookies = BookieWatcher(
+            meta, self._on_bookie_registered, static_locations=config.bookie_racks,
+            rack_mapping=rack_mapping if rack_mapping is not None
+            else RackMapping.from_config(config))
         self.context = ClientContext(meta=meta, config=config, bookie_client=self.bookie_client,
                                      bookies=self.bookies, placement=self.placement,
                                      quarantine=self.quarantine, stats=self.stats)
@@ -205,11 +208,14 @@ class BookKeeper:
             if value is not None and (not isinstance(value, str) or not value):
                 raise TypeError(f"{name} must be a non-empty str")
         config = from_mapping(ClientConfig, options, "BookKeeper.connect options")
+        rack_mapping = RackMapping.from_config(config)
+        if rack_mapping is not None:  # a bad rack file: ConfigError before connecting
+            await rack_mapping.load()
         if etcd_ssl is None and metadata_uri.strip().lower().startswith("etcds://"):
             etcd_ssl = ssl
         meta = await open_metadata_store(metadata_uri, timeout_s=config.metadata_timeout_s,
                                          ssl=etcd_ssl, user=etcd_user, password=etcd_password)
-        bk = cls(meta, config, ssl=ssl, token=token)
+        bk = cls(meta, config, ssl=ssl, token=token, rack_mapping=rack_mapping)
         bk.bookies.start()
         return bk
 

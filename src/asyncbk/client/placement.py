@@ -25,9 +25,11 @@ Policies are pure: bookie locations come in as a mapping (see
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..clock import LOOP_CLOCK, Clock
@@ -154,6 +156,198 @@ def write_set_spread(ensemble: Sequence[BookieId], write_quorum: int,
         racks = min(racks, len(set(window)))
         regions = min(regions, len({region_of(loc) for loc in window}))
     return regions, racks
+
+
+@dataclass(frozen=True)
+class PlacementViolation:
+    """A write set of an ensemble that spans fewer racks or regions than its policy
+    requires (:func:`write_set_violations`)."""
+
+    positions: tuple[int, ...]
+    """The ensemble positions of the write set, in write order."""
+    bookies: tuple[BookieId, ...]
+    locations: tuple[str, ...]
+    """Each bookie's location."""
+    regions: int
+    """Regions the write set spans."""
+    racks: int
+    """Racks the write set spans."""
+    need_regions: int
+    """Regions required (0: no regions required)."""
+    need_racks: int
+    racks_available: int
+    regions_available: int
+
+    def __str__(self) -> str:
+        where = ", ".join(f"{b} {loc}" for b, loc in zip(self.bookies, self.locations,
+                                                         strict=True))
+        short = []
+        if self.regions < self.need_regions:
+            short.append(f"spans {_n(self.regions, 'region')}, needs {self.need_regions} "
+                         f"(min_regions_per_write_quorum, capped at the write quorum and "
+                         f"the {_n(self.regions_available, 'region')} available)")
+        if self.racks < self.need_racks:
+            short.append(f"spans {_n(self.racks, 'rack')}, needs {self.need_racks} "
+                         f"(min_racks_per_write_quorum, capped at the write quorum and "
+                         f"the {_n(self.racks_available, 'rack')} available)")
+        return (f"write set at positions {','.join(map(str, self.positions))} [{where}] "
+                + " and ".join(short))
+
+
+def _n(count: int, what: str) -> str:
+    return f"{count} {what}{'s' if count != 1 else ''}"
+
+
+def required_spread(policy: str, write_quorum: int, min_racks_per_write_quorum: int,
+                    min_regions_per_write_quorum: int, available_locations: Collection[str],
+                    ) -> tuple[int, int]:
+    """``(regions, racks)`` every write set of ``write_quorum`` bookies must span under
+    ``policy``: each minimum capped at the write quorum and at the regions and racks of
+    ``available_locations`` (``(0, 0)`` for ``random``)."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown placement policy {policy!r}; choose one of "
+                         f"{', '.join(POLICIES)}")
+    if policy == "random":
+        return 0, 0
+    racks_available = len(set(available_locations))
+    regions_available = len({region_of(loc) for loc in available_locations})
+    racks = min(min_racks_per_write_quorum, write_quorum, racks_available)
+    regions = 0
+    if policy == "region-aware":
+        regions = min(min_regions_per_write_quorum, write_quorum, regions_available)
+    return regions, max(racks, regions)
+
+
+def write_set_violations(ensemble: Sequence[BookieId], write_quorum: int,
+                         locations: Mapping[BookieId, str], policy: str = "rack-aware", *,
+                         min_racks_per_write_quorum: int = 2,
+                         min_regions_per_write_quorum: int = 2,
+                         available: Collection[BookieId] | None = None,
+                         ) -> list[PlacementViolation]:
+    """The write sets of ``ensemble`` that violate ``policy``, in position order.
+
+    The write sets are the ensemble's cyclic windows of ``write_quorum`` positions
+    (entry ``e`` goes to the one starting at ``e mod E``; equal windows, as when
+    ``Qw = E``, count once).  Rack-aware: each must span ``min(min_racks, Qw, racks
+    available)`` racks; region-aware: ``min(min_regions, Qw, regions available)``
+    regions, and as many racks as rack-aware (at least as many as regions).
+    Locations come from ``locations`` (normalized; a bookie absent is in the default
+    location); the racks and regions available are those of ``available`` (default:
+    every bookie of ``locations`` and of the ensemble).  ``random``: none."""
+    if not 1 <= write_quorum <= len(ensemble):
+        raise ValueError(f"need 1 <= write_quorum <= ensemble size, got {write_quorum} for "
+                         f"{len(ensemble)} bookies")
+    pool = set(locations) | set(ensemble) if available is None else set(available)
+    avail = {location_of(b, locations) for b in pool}
+    need_regions, need_racks = required_spread(
+        policy, write_quorum, min_racks_per_write_quorum, min_regions_per_write_quorum, avail)
+    if not need_racks:
+        return []
+    size = len(ensemble)
+    locs = [location_of(b, locations) for b in ensemble]
+    seen: set[frozenset[int]] = set()
+    out = []
+    for start in range(size):
+        positions = tuple((start + i) % size for i in range(write_quorum))
+        key = frozenset(positions)
+        if key in seen:
+            continue
+        seen.add(key)
+        window = [locs[p] for p in positions]
+        racks = len(set(window))
+        regions = len({region_of(loc) for loc in window})
+        if racks < need_racks or regions < need_regions:
+            out.append(PlacementViolation(
+                positions, tuple(ensemble[p] for p in positions), tuple(window), regions,
+                racks, need_regions, need_racks, len(avail),
+                len({region_of(loc) for loc in avail})))
+    return out
+
+
+def placement_violations(ensemble: Sequence[BookieId], write_quorum: int,
+                         locations: Mapping[BookieId, str], policy: str = "rack-aware", *,
+                         min_racks_per_write_quorum: int = 2,
+                         min_regions_per_write_quorum: int = 2,
+                         available: Collection[BookieId] | None = None) -> list[str]:
+    """:func:`write_set_violations` in words, one line per violating write set."""
+    return [str(v) for v in write_set_violations(
+        ensemble, write_quorum, locations, policy,
+        min_racks_per_write_quorum=min_racks_per_write_quorum,
+        min_regions_per_write_quorum=min_regions_per_write_quorum, available=available)]
+
+
+FIX_SUBSETS_MAX = 200
+"""Sets of positions :func:`plan_placement_fix` tries at most."""
+
+
+def plan_placement_fix(ensemble: Sequence[BookieId], write_quorum: int,
+                       candidates: Collection[BookieId], locations: Mapping[BookieId, str],
+                       policy: str, *, min_racks_per_write_quorum: int = 2,
+                       min_regions_per_write_quorum: int = 2,
+                       available: Collection[BookieId] | None = None,
+                       rng: random.Random | None = None,
+                       subsets_max: int = FIX_SUBSETS_MAX) -> dict[int, BookieId] | None:
+    """New bookies for some positions of ``ensemble`` (position -> bookie, from
+    ``candidates`` outside the ensemble) after which no write set violates ``policy``
+    (as :func:`write_set_violations` judges it, with the same arguments): ``{}`` if none
+    does now, None if no such change is found.
+
+    Fewest positions first (each one means copying its entries): sets of positions
+    that touch every violating write set, those in most violating write sets first,
+    each tried with the policy's own exact search (enforced, its minimums capped as
+    the check caps them); at most ``subsets_max`` sets are tried."""
+    def violations(bookies: Sequence[BookieId]) -> list[PlacementViolation]:
+        return write_set_violations(bookies, write_quorum, locations, policy,
+                                    min_racks_per_write_quorum=min_racks_per_write_quorum,
+                                    min_regions_per_write_quorum=min_regions_per_write_quorum,
+                                    available=available)
+
+    bad = violations(ensemble)
+    if not bad:
+        return {}
+    pool = set(locations) | set(ensemble) if available is None else set(available)
+    need_regions, need_racks = required_spread(
+        policy, write_quorum, min_racks_per_write_quorum, min_regions_per_write_quorum,
+        {location_of(b, locations) for b in pool})
+    silent = _SilentLog()
+    strict: PlacementPolicy = (
+        RegionAwarePlacement(need_regions, True, min_racks_per_write_quorum=need_racks,
+                             rng=rng, log=silent)
+        if need_regions else RackAwarePlacement(need_racks, True, rng=rng, log=silent))
+    spare = sorted(set(candidates) - set(ensemble))
+    windows = [set(v.positions) for v in bad]
+    crowded: Counter[int] = Counter()
+    for v in bad:
+        repeats = Counter(v.locations)
+        for p, loc in zip(v.positions, v.locations, strict=True):
+            crowded[p] += 2 if repeats[loc] > 1 else 1
+    order = sorted({p for w in windows for p in w}, key=lambda p: (-crowded[p], p))
+    tried = 0
+    for k in range(1, min(len(order), len(spare)) + 1):
+        for positions in itertools.combinations(order, k):
+            chosen = set(positions)
+            if not all(w & chosen for w in windows):
+                continue
+            tried += 1
+            if tried > subsets_max:
+                return None
+            try:
+                new = strict.replace(ensemble, positions, write_quorum, spare, locations)
+            except NotEnoughBookiesError:  # PlacementError too
+                continue
+            trial = list(ensemble)
+            for p, b in zip(positions, new, strict=True):
+                trial[p] = b
+            if not violations(trial):
+                return dict(zip(positions, new, strict=True))
+    return None
+
+
+class _SilentLog:
+    """A logger that drops everything (a trial placement's warnings are no news)."""
+
+    def warning(self, *args: Any, **kwargs: Any) -> None:
+        pass
 
 
 class _OutOfBudget(Exception):
@@ -416,6 +610,7 @@ def make_policy(name: str, *, min_racks_per_write_quorum: int = 2,
 
 
 __all__ = [
-    "POLICIES", "PlacementPolicy", "Quarantine", "RackAwarePlacement", "RandomPlacement",
-    "RegionAwarePlacement", "make_policy", "write_set_spread",
+    "POLICIES", "PlacementPolicy", "PlacementViolation", "Quarantine", "RackAwarePlacement",
+    "RandomPlacement", "RegionAwarePlacement", "make_policy", "placement_violations",
+    "plan_placement_fix", "required_spread", "write_set_spread", "write_set_violations",
 ]
