@@ -295,6 +295,61 @@ async def test_rack_cut_readability(six: LocalCluster, finding) -> None:  # type
         await eventually(ok, 20, f"ledger {ledger_id} readable after the heal")
 
 
+async def test_autorecovery_keeps_every_write_set_across_three_racks(
+        six: LocalCluster, finding) -> None:  # type: ignore[no-untyped-def]
+    """Ledgers E3 Qw3 Qa2 spanning the three racks; a bookie of rack r1 is cut away from
+    every host.  Auto-recovery, rack-aware with three racks per write set, replaces it
+    with the other bookie of r1 (the only choice that keeps three racks), and every
+    entry is read back with the cut still in place."""
+    assert six.network is not None
+    bk = await six.client(placement_policy="rack-aware", min_racks_per_write_quorum=3,
+                          enforce_placement=True, **FAST_FAIL)
+    await bk.create_ledger(1, 1, 1)
+    locations = bk.bookie_locations()
+    r1 = [b.id for b in six.bookies if locations[b.id] == normalize_location("/r1")]
+    assert len(r1) == 2
+    ledgers: dict[int, int] = {}
+    for n in range(6):
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        assert write_set_spread(lh.metadata.ensembles[0][1], 3, locations)[1] == 3
+        count = 50 + 10 * n
+        await asyncio.gather(*(lh.append(payload(i)) for i in range(count)))
+        await lh.close()
+        ledgers[lh.id] = count
+    on = {b: [lid for lid in ledgers
+              if b in (await bk.ledger_metadata(lid)).ensembles[0][1]] for b in r1}
+    victim = max(r1, key=lambda b: len(on[b]))
+    other = next(b for b in r1 if b != victim)
+    if not on[victim]:
+        pytest.fail("no ledger on either bookie of r1")  # cannot be: each spans r1
+    victim_host = f"bookie-{next(b.index for b in six.bookies if b.id == victim)}"
+    await six.start_autorecovery(lost_bookie_delay=1, audit_interval=2, open_ledger_grace=1,
+                                 rate=0, placement_policy="rack-aware",
+                                 min_racks_per_write_quorum=3, enforce_placement=True)
+    async with six.network.partitioned(victim_host):
+        async def healed() -> bool:
+            for lid in on[victim]:
+                if victim in (await bk.ledger_metadata(lid)).all_bookies():
+                    return False
+            return True
+
+        took = await eventually(healed, 90, f"{victim} replaced in its ledgers")
+        for lid in on[victim]:
+            md = await bk.ledger_metadata(lid)
+            for _, ensemble in md.ensembles:
+                assert other in ensemble, (lid, ensemble)
+                assert write_set_spread(ensemble, 3, locations)[1] == 3, (lid, ensemble)
+        reader = await six.client(**FAST_FAIL)
+        for lid, count in ledgers.items():
+            rh = await reader.open_ledger(lid, password=b"pw")
+            assert [e.data for e in await rh.read(0, count - 1)] == \
+                [payload(i) for i in range(count)]
+    finding(f"a bookie of r1 cut away: auto-recovery (rack-aware, 3 racks) replaced it "
+            f"with the other r1 bookie in {len(on[victim])} of {len(ledgers)} ledgers "
+            f"{took:.1f} s after the cut (lease TTL "
+            f"{six.bookie_config['lease_ttl_s']} s, lost-bookie delay 1 s)")
+
+
 # ---------------------------------------------------------------- a region cut away
 
 

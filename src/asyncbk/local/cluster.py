@@ -304,7 +304,11 @@ class LocalAutoRecovery(_ChildProcess):
             cmd += ["--http-tls-cert", str(self.cluster.tls.server_cert),
                     "--http-tls-key", str(self.cluster.tls.server_key)]
         for k, v in self.options.items():
-            cmd += [f"--{k.replace('_', '-')}", str(v)]
+            flag = f"--{k.replace('_', '-')}"
+            if v is True:  # a switch (enforce_placement=True, fix_placement=True)
+                cmd.append(flag)
+            elif v is not False and v is not None:
+                cmd += [flag, str(v)]
         return cmd + self.cluster.client_options()
 
     async def start(self) -> None:
@@ -607,7 +611,8 @@ class LocalCluster:
 
     async def start_autorecovery(self, **options: Any) -> LocalAutoRecovery:
         """Start an ``asyncbk autorecovery`` process; ``options`` are its command-line
-        options without dashes (``lost_bookie_delay=2``, ``rate=0``...)."""
+        options without dashes (``lost_bookie_delay=2``, ``rate=0``; True for a switch,
+        ``fix_placement=True``; False or None: left out)."""
         ar = LocalAutoRecovery(self, f"ar{len(self.autorecovery)}", options)
         self.autorecovery.append(ar)
         await ar.start()
