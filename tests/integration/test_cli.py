@@ -43,7 +43,7 @@ def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
     ["shell", "readledger"], ["shell", "simpletest"], ["shell", "bookieformat"],
     ["shell", "listunderreplicated"], ["shell", "whoisauditor"], ["shell", "recover"],
     ["shell", "decommission"], ["shell", "bookiesanity"], ["shell", "lastmark"],
-    ["shell", "deleteledger"], ["autorecovery"],
+    ["shell", "deleteledger"], ["shell", "placementcheck"], ["autorecovery"],
 ])
 def test_help_everywhere(command: list[str]) -> None:
     r = run_cli(*command, "--help")
