@@ -149,6 +149,27 @@ class WritePathMachine(RuleBasedStateMachine):
         assert fx.start_change == start
         assert not fx.sends and not fx.completed
 
+    @precondition(lambda self: self.network)
+    @rule(data=st.data())
+    def deliver_batch(self, data: st.DataObject) -> None:
+        """A batch of acknowledgements from one bookie at one position (an ADD_BATCH
+        answered OK): ``ack_many``, which must act as ``ack`` for each in turn."""
+        _, pos, bookie = self.network[data.draw(st.integers(0, len(self.network) - 1))]
+        mine = [i for i, (_, p, b) in enumerate(self.network) if p == pos and b == bookie]
+        chosen = sorted(data.draw(st.lists(st.sampled_from(mine), min_size=1, unique=True)))
+        entry_ids = [self.network[i][0] for i in chosen]
+        for i in reversed(chosen):
+            self.network.pop(i)
+        current = not self.halted and self.ensemble[pos] == bookie
+        fx = self.wp.ack_many(entry_ids, pos, bookie)
+        if current:
+            for entry_id in entry_ids:
+                if entry_id in self.valid:
+                    self.valid[entry_id].add(pos)
+        else:
+            assert fx == NOTHING, "a stale batch of acknowledgements had an effect"
+        self.apply(fx)
+
     @precondition(lambda self: self.changing and self.failed and not self.halted)
     @rule(data=st.data())
     def commit_change(self, data: st.DataObject) -> None:

@@ -302,6 +302,15 @@ class LedgerHandle(ReadHandle):
             self._ctx.quarantine_bookie(bookie)
         self._apply(effects)
 
+    def _on_acks(self, entry_ids: list[int], position: int, bookie: BookieId) -> None:
+        """``bookie`` acknowledged every entry of ``entry_ids`` (an ADD_BATCH answered
+        OK throughout): :meth:`_on_add_response` for each, in one step."""
+        if self._error is not None or self._closing_done():
+            return
+        effects = self._writes.ack_many(entry_ids, position, bookie)
+        if effects is not NOTHING:
+            self._apply(effects)
+
     def _closing_done(self) -> bool:
         return self._closing is not None and self._closing.done()
 
@@ -603,6 +612,18 @@ class _AddCallback:
 
     def __call__(self, result: Any) -> None:
         self.handle._on_add_response(self.entry_id, self.position, self.bookie, result)
+
+    def acked_many(self, entry_ids: list[int], callbacks: list[Any]) -> bool:
+        """Every add of a batch (``callbacks``, this one first) acknowledged OK: if they
+        are all this handle's at this position, hand them over in one call (True);
+        else False (the channel calls each)."""
+        handle, position = self.handle, self.position
+        for cb in callbacks:
+            if cb.__class__ is not _AddCallback or cb.handle is not handle \
+                    or cb.position != position:
+                return False
+        handle._on_acks(entry_ids, position, self.bookie)
+        return True
 
 
 def _consume_error(task: asyncio.Future[None]) -> None:

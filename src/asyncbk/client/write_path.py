@@ -167,6 +167,29 @@ class WritePath:
             return NOTHING
         return Effects(completed=self._complete())
 
+    def ack_many(self, entry_ids: Sequence[int], position: int, bookie: BookieId) -> Effects:
+        """``bookie`` at ``position`` made every entry of ``entry_ids`` durable: the
+        same state and completions as :meth:`ack` for each in turn, with one Effects
+        (an answer to a batch of adds: one call, not one per entry)."""
+        pending = self._pending
+        if self.halted or self.ensemble[position] != bookie or not pending:
+            return NOTHING
+        base = pending[0].entry_id
+        count = len(pending)
+        size = len(self.ensemble)
+        write_quorum = self.write_quorum
+        for entry_id in entry_ids:
+            index = entry_id - base
+            if 0 <= index < count:
+                if (position - entry_id) % size >= write_quorum:
+                    invariant(False, f"ack of entry {entry_id} from position {position}, "
+                              "not in its write set")
+                pending[index].acks.ack(position)
+        if self.changing:
+            return NOTHING
+        completed = self._complete()
+        return Effects(completed=completed) if completed else NOTHING
+
     def failed(self, position: int, bookie: BookieId) -> Effects:
         """``bookie`` at ``position`` failed an add: it must be replaced."""
         if self.halted or not self.is_current(position, bookie) or position in self.degraded:

@@ -102,6 +102,10 @@ class _BatchCallback:
     def __call__(self, result: Response | BKError) -> None:
         callbacks = self.callbacks
         if isinstance(result, AddBatchResponse) and len(result.statuses) == len(callbacks):
+            if not any(result.statuses):  # all OK: one call where the callbacks allow it
+                many = getattr(callbacks[0], "acked_many", None)
+                if many is not None and many(self.entry_ids, callbacks):
+                    return
             ledger_id = self.ledger_id
             for cb, status, entry_id in zip(callbacks, result.statuses, self.entry_ids,
                                             strict=True):
