@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -42,6 +43,14 @@ class LoopClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+def loop_timer(clock: Clock, loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """``clock.monotonic_s`` for code that runs on ``loop`` and asks the time per
+    entry: for the loop's clock, ``loop.time`` itself (``LoopClock`` asks
+    ``asyncio.get_running_loop()`` each time, which before Python 3.12 makes a
+    ``getpid`` system call); any other clock as it is."""
+    return loop.time if type(clock) is LoopClock else clock.monotonic_s
 
 
 class ManualClock:

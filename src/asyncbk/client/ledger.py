@@ -34,6 +34,7 @@ import asyncio
 import collections
 from typing import Any
 
+from ..clock import loop_timer
 from ..errors import (
     BadRequestError,
     BKError,
@@ -105,6 +106,7 @@ class LedgerHandle(ReadHandle):
         (``create_ledger(placement=...)``), else the client's."""
         self._loop = asyncio.get_running_loop()
         self._clock = ctx.clock
+        self._now_s = loop_timer(ctx.clock, self._loop)
         self._recovery = recovery
         self._add_flags = AddFlag.RECOVERY_ADD if recovery else AddFlag.NONE
         self._writable_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
@@ -192,7 +194,7 @@ class LedgerHandle(ReadHandle):
 
     def _enqueue(self, entry_id: int, total_length: int, body: bytes) -> asyncio.Future[int]:
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._ops.append(_PendingAdd(entry_id, total_length, body, fut, self._clock.monotonic_s()))
+        self._ops.append(_PendingAdd(entry_id, total_length, body, fut, self._now_s()))
         if len(self._ops) >= self._pending_max:
             self._capacity.clear()
         self._apply(self._writes.submit(entry_id))
@@ -231,7 +233,7 @@ class LedgerHandle(ReadHandle):
     def _complete(self, entry_ids: tuple[int, ...]) -> None:
         ops = self._ops
         stats = self._ctx.stats
-        now_s = self._clock.monotonic_s()
+        now_s = self._now_s()
         for entry_id in entry_ids:
             op = ops.popleft()
             if op.entry_id != entry_id:
@@ -408,7 +410,7 @@ class LedgerHandle(ReadHandle):
         if healthy:
             back.update(healthy)
             return True
-        now_s = self._clock.monotonic_s()
+        now_s = self._now_s()
         self._stalled_bookies.update(ensemble[p] for p in failed)
         if self._stalled_since_s is None:
             self._stalled_since_s = now_s
@@ -480,7 +482,7 @@ class LedgerHandle(ReadHandle):
             return
         head = self._ops[0]
         limit_s = self._ctx.config.add_quorum_timeout_s
-        if self._clock.monotonic_s() - head.submitted_s >= limit_s:
+        if self._now_s() - head.submitted_s >= limit_s:
             self._log.warning("add not acknowledged by an ack quorum in time",
                               entry_id=head.entry_id, limit_s=limit_s)
             self._fail(TimeoutError(
