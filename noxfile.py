@@ -63,6 +63,18 @@ def bench_spark(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_placement(session: nox.Session) -> None:
+    """Write throughput and latency of the placement policies (random, rack-aware,
+    region-aware) in the same run, on six bookies in 2 regions x 3 racks, each on a host
+    of its own with latency between racks and regions (needs root: network namespaces;
+    exits with status 2 without them); see benchmarks/README.md.  ``nox -s
+    bench_placement -- --quick`` runs 3 short rounds; ``-- --no-latency``: no delay added."""
+    session.install("-e", ".[bench]")
+    session.run("python", "benchmarks/placement.py", "--json", "bench-results/placement.json",
+                *session.posargs)
+
+
+@nox.session
 def soak(session: nox.Session) -> None:
     """Bookie memory under a 10-minute open-loop write load."""
     session.install("-e", ".[bench]")
