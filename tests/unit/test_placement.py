@@ -306,6 +306,30 @@ def test_region_aware_spreads_racks_inside_a_region() -> None:
         assert write_set_spread(ensemble, 3, locs) == (2, 3)
 
 
+@pytest.mark.parametrize(("policy", "locations", "size", "qw"), [
+    ("rack-aware", ["/r1", "/r1", "/r2", "/r2", "/r3", "/r3"], 2, 2),
+    ("rack-aware", ["/a/r1", "/a/r2", "/a/r3", "/b/r4", "/b/r5", "/b/r6"], 3, 3),
+    ("region-aware", ["/a/r1", "/a/r2", "/a/r3", "/b/r4", "/b/r5", "/b/r6"], 3, 3),
+])
+def test_every_rack_and_bookie_gets_its_share(policy: str, locations: list[str], size: int,
+                                              qw: int) -> None:
+    """Racks that are interchangeable for the constraint are chosen at random: no rack
+    (or bookie) is left out because its name sorts last."""
+    locs = resolve_locations({f"b{i}:1": loc for i, loc in enumerate(locations)})
+    placement = make_policy(policy, rng=random.Random(1))
+    racks: Counter[str] = Counter()
+    bookies: Counter[str] = Counter()
+    draws = 3000
+    for _ in range(draws):
+        ensemble = placement.new_ensemble(size, qw, list(locs), locs)
+        bookies.update(ensemble)
+        racks.update({locs[b] for b in ensemble})
+    assert set(racks) == set(locs.values())
+    fair = draws * size / len(locs)
+    assert all(n > fair * 0.5 for n in bookies.values()), bookies
+    assert len(bookies) == len(locs)
+
+
 def test_random_placement_is_unchanged() -> None:
     writable = [f"b{i}" for i in range(8)]
     a, b = random.Random(5), random.Random(5)

@@ -363,7 +363,8 @@ def _arrange(seq: list[str | None], write_quorum: int, counts: dict[str, int],
     regions and ``need_racks`` racks; None if there is no such filling (or the
     search ran out of ``nodes_max``).  A depth-first search: racks absent from the
     position's windows first, randomly weighted by what they have left; racks
-    nowhere in the sequence with the same count and region are tried once."""
+    nowhere in the sequence with the same count and region are tried once, through
+    one of them chosen at random (so every rack gets its share of ensembles)."""
     size = len(seq)
     free = [p for p, loc in enumerate(seq) if loc is None]
     windows = {tuple(sorted({(s + i) % size for i in range(write_quorum)})) for s in range(size)}
@@ -390,7 +391,9 @@ def _arrange(seq: list[str | None], write_quorum: int, counts: dict[str, int],
         near_regions = {region_of(x) for x in near if x is not None}
         keyed = []
         tried: set[tuple[int, str]] = set()
-        for rack, left in counts.items():
+        racks = list(counts.items())
+        rng.shuffle(racks)  # which of interchangeable unused racks stands for them
+        for rack, left in racks:
             if left <= 0:
                 continue
             if not used[rack]:
