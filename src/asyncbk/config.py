@@ -282,7 +282,8 @@ class ClientConfig:
     """A file of lines ``<bookie-id or host> <location>`` (``#`` comments; a host
     matches every port): bookie locations winning over the script's and the
     registered ones (``""``: none).  Read when the client starts, re-read when it
-    changes."""
+    changes (looked at every ``bookie_racks_refresh_s`` and whenever the bookie
+    registry changes)."""
     bookie_racks_script: str = ""
     """A program (and arguments, split like a shell does) called with bookie hosts as
     arguments, printing one location per host, like BookKeeper's ScriptBasedMapping:
@@ -291,6 +292,11 @@ class ClientConfig:
     bookie_racks_script_timeout_s: float = 5.0
     """How long one run of ``bookie_racks_script`` may take before it is killed (its
     hosts then get the default location, asked again later)."""
+    bookie_racks_refresh_s: float = 30.0
+    """With a rack file or a rack script, how often a running client looks again where
+    the bookies it knows are, besides whenever the bookie registry changes: the file
+    is re-read if it changed, and hosts the script gave no location are asked again
+    (60 s or more after their last failure)."""
     client_location: str = ""
     """This client's network location: reads ask replicas in its rack first, then in
     its region (``""``: no preference, the write set's order)."""
@@ -318,7 +324,7 @@ class ClientConfig:
             if not isinstance(bookie, str) or not isinstance(location, str):
                 raise ConfigError("bookie_racks must map bookie ids to locations (str)")
             _check_location(f"bookie_racks[{bookie!r}]", location)
-        _check_positive(self, "bookie_racks_script_timeout_s")
+        _check_positive(self, "bookie_racks_script_timeout_s", "bookie_racks_refresh_s")
         if self.bookie_racks_script:
             import shlex
 

@@ -134,27 +134,56 @@ class RackFile:
 
 
 RACK_FILE_FORMAT = "<bookie-id or host> <location>, e.g. 10.0.0.5:3181 /eu-west/r12"
+RACK_FILE_KEY_FORMAT = ("host:port or [IPv6]:port (port 1-65535), or a host alone: a name, "
+                        "an IPv4 address or an IPv6 address, bracketed or not")
+"""What the first field of a rack file line may be."""
+
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def _key_error(key: str, problem: str) -> ValueError:
+    return ValueError(f"{key} is not a bookie id or a host: {problem}; expected "
+                      f"{RACK_FILE_KEY_FORMAT}")
+
+
+def _port(key: str, port: str) -> int:
+    if not _PORT.fullmatch(port) or not 0 < int(port) < 65536:
+        raise _key_error(key, f"port {port!r} is not a number from 1 to 65535")
+    return int(port)  # 03181 is 3181, as in bookie ids
 
 
 def _file_key(key: str) -> tuple[bool, str]:
     """``(is a bookie id, key)`` of a rack file line's first field: ``host:port`` is a
-    bookie id; a host alone (``[::1]`` written in brackets or not) matches any port."""
-    if key.startswith("[") and key.endswith("]"):
-        return False, key[1:-1]
-    try:
-        host, port = parse_bookie_id(key)
-    except ValueError:
+    bookie id (its port without leading zeros); a host alone (``[::1]`` written in
+    brackets or not) matches any port.  ValueError for a bad port or unbalanced
+    brackets: such a key would never match a bookie."""
+    if key.startswith("["):
+        inner, close, rest = key[1:].partition("]")
+        if not close or "[" in inner or "[" in rest or "]" in rest:
+            raise _key_error(key, "its brackets are unbalanced")
+        if not inner:
+            raise _key_error(key, "it has nothing between its brackets")
+        if not rest:
+            return False, inner
+        if not rest.startswith(":"):
+            raise _key_error(key, f"{rest!r} follows the closing bracket")
+        return True, f"[{inner}]:{_port(key, rest[1:])}"
+    if "[" in key or "]" in key:
+        raise _key_error(key, "its brackets are unbalanced")
+    if key.count(":") != 1:  # a name or an IPv4 address, or a bare IPv6 address: a host
         return False, key
-    if ":" in host and not key.startswith("["):  # a bare IPv6 address: a host
-        return False, key
-    return True, key
+    host, _, port = key.partition(":")
+    if not host:
+        raise _key_error(key, "it has no host before the ':'")
+    return True, f"{host}:{_port(key, port)}"
 
 
 def parse_rack_file(text: str, source: str) -> RackFile:
     """Parse a rack file: one ``<bookie-id or host> <location>`` per line; ``#`` starts
     a comment, blank lines are skipped.  Raises :class:`~asyncbk.errors.ConfigError`
-    naming ``source:line`` for a malformed line, a bad location or a key given twice
-    with different locations."""
+    naming ``source:line`` for a malformed line, a key that is neither a bookie id nor
+    a host (a bad port, unbalanced brackets), a bad location or a key given twice with
+    different locations."""
     by_id: dict[BookieId, str] = {}
     by_host: dict[str, str] = {}
     where: dict[tuple[bool, str], int] = {}
@@ -171,7 +200,10 @@ def parse_rack_file(text: str, source: str) -> RackFile:
             normalized = normalize_location(location)
         except ValueError as exc:
             raise ConfigError(f"{source}:{number}: {exc}") from None
-        is_id, name = _file_key(key)
+        try:
+            is_id, name = _file_key(key)
+        except ValueError as exc:
+            raise ConfigError(f"{source}:{number}: {exc}") from None
         table = by_id if is_id else by_host
         if (is_id, name) in where and table[name] != normalized:
             raise ConfigError(f"{source}:{number}: {key} is given another location on "
@@ -201,6 +233,7 @@ def parse_script_output(output: str, hosts: Sequence[str]) -> tuple[dict[str, st
 
 __all__ = [
     "DEFAULT_LOCATION", "DEFAULT_RACK", "DEFAULT_REGION", "LOCATION_KEY", "RACK_FILE_FORMAT",
+    "RACK_FILE_KEY_FORMAT",
     "RackFile", "host_of", "location_of", "normalize_location", "parse_rack_file",
     "parse_script_output", "read_order", "region_of", "resolve_locations",
 ]

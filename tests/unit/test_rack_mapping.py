@@ -9,6 +9,7 @@ refusing a bad rack file before contacting anything, and the settings' checks.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shlex
@@ -30,6 +31,7 @@ from asyncbk.client.bookies import (
     RackMapping,
 )
 from asyncbk.client.client import BookKeeper
+from asyncbk.clock import ManualClock
 from asyncbk.config import ClientConfig, from_mapping
 from asyncbk.errors import ConfigError
 from asyncbk.meta.memory import MemoryMetadataStore
@@ -114,10 +116,44 @@ def test_rack_file_bracketed_and_bare_ipv6_host_are_the_same_key() -> None:
      r"^racks\.txt:4: a:1 is given another location on line 1; keep one of the two lines$"),
     ("h /r1\nh /eu/r1\n",
      r"^racks\.txt:2: h is given another location on line 1; keep one of the two lines$"),
+    # keys that could never match a bookie
+    ("a:1 /r1\nh:0 /r1\n", r"^racks\.txt:2: h:0 is not a bookie id or a host: port '0' is "
+                            r"not a number from 1 to 65535; expected host:port or "
+                            r"\[IPv6\]:port \(port 1-65535\), or a host alone"),
+    ("h:99999 /r1\n", r"^racks\.txt:1: h:99999 is not a bookie id or a host: port '99999' "
+                      r"is not a number from 1 to 65535; expected host:port"),
+    ("h: /r1\n", r"^racks\.txt:1: h: is not a bookie id or a host: port '' is not a number"),
+    ("h:x1 /r1\n", r"^racks\.txt:1: h:x1 is not a bookie id or a host: port 'x1'"),
+    (":3181 /r1\n", r"^racks\.txt:1: :3181 is not a bookie id or a host: it has no host "
+                    r"before the ':'; expected host:port"),
+    ("[::1]:0 /r1\n", r"^racks\.txt:1: \[::1\]:0 is not a bookie id or a host: port '0'"),
+    ("[::1]:70000 /r1\n", r"^racks\.txt:1: \[::1\]:70000 is not a bookie id or a host: "
+                          r"port '70000'"),
+    ("# x\n[::1 /r1\n", r"^racks\.txt:2: \[::1 is not a bookie id or a host: its brackets "
+                        r"are unbalanced; expected host:port or \[IPv6\]:port"),
+    ("::1] /r1\n", r"^racks\.txt:1: ::1\] is not a bookie id or a host: its brackets are "
+                   r"unbalanced; expected"),
+    ("[::1]]:1 /r1\n", r"^racks\.txt:1: \[::1\]\]:1 is not a bookie id or a host: its "
+                       r"brackets are unbalanced"),
+    ("[[::1]:1 /r1\n", r"^racks\.txt:1: \[\[::1\]:1 is not a bookie id or a host: its "
+                       r"brackets are unbalanced"),
+    ("[::1]3181 /r1\n", r"^racks\.txt:1: \[::1\]3181 is not a bookie id or a host: '3181' "
+                        r"follows the closing bracket"),
+    ("[] /r1\n", r"^racks\.txt:1: \[\] is not a bookie id or a host: it has nothing "
+                 r"between its brackets"),
 ])
 def test_rack_file_errors_name_file_and_line(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_rack_file(text, "racks.txt")
+
+
+def test_rack_file_port_with_leading_zeros_is_the_bookie_ids_port() -> None:
+    rf = parse_rack_file("h:03181 /r1\n[::1]:0080 /r2\n", "f")
+    assert rf.by_id == {"h:3181": "/default-region/r1", "[::1]:80": "/default-region/r2"}
+    assert rf.lookup("h:3181") == "/default-region/r1"
+    assert rf.lookup("[::1]:80") == "/default-region/r2"
+    with pytest.raises(ConfigError, match=r"^f:2: h:3181 is given another location on line 1"):
+        parse_rack_file("h:03181 /r1\nh:3181 /r2\n", "f")
 
 
 def test_rack_file_duplicate_with_the_same_location_is_accepted() -> None:
@@ -198,6 +234,19 @@ def runs_of(runs: Path) -> list[list[str]]:
 
 def warnings(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in logs if e["log_level"] == "warning"]
+
+
+def pids_in(path: Path) -> list[int]:
+    """The pids a script wrote to ``path``, one a line."""
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+async def eventually(check: Any, timeout_s: float = 5.0) -> None:
+    """Wait until ``check()`` is true (polling; fails after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "the condition never became true"
+        await asyncio.sleep(0.01)
 
 
 async def test_script_answers_are_cached_per_host(tmp_path: Path) -> None:
@@ -313,6 +362,53 @@ async def test_slow_script_is_killed_after_its_timeout(tmp_path: Path,
     [event] = warnings(logs)
     assert event["reason"] == "it did not finish within 0.3 s (bookie_racks_script_timeout_s)"
     assert event["hosts"] == 2
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a killed orphan may stay a
+    zombie for a while when nothing reaps it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_timed_out_script_is_killed_with_its_children(tmp_path: Path,
+                                                            leftover_pids: Path) -> None:
+    """The script runs in a process group of its own, killed whole on timeout: a child
+    it started in the background (which would outlive a kill of the script alone)
+    dies too."""
+    script = write_script(tmp_path / "slow.sh",
+                          f"sleep 30 &\necho $! >> {shlex.quote(str(leftover_pids))}\nwait\n")
+    with structlog.testing.capture_logs():
+        mapping = RackMapping(script=str(script), script_timeout_s=0.5)
+        assert await mapping.resolve(["a:1"]) == {}
+    [pid] = pids_in(leftover_pids)
+    await eventually(lambda: not alive(pid), 3.0)  # the script's child is gone
+
+
+async def test_script_that_finishes_in_time_is_not_killed(tmp_path: Path) -> None:
+    """A script that exits in time, having started a child that closes its output,
+    is not killed (nor is the child): only a timeout kills."""
+    pids = tmp_path / "pids"
+    script = write_script(tmp_path / "quick.sh",
+                          "sleep 30 >/dev/null 2>&1 &\n"
+                          f"echo $! >> {shlex.quote(str(pids))}\n"
+                          'for h in "$@"; do echo /r1; done\n')
+    try:
+        got = await RackMapping(script=str(script), script_timeout_s=5.0).resolve(["a:1"])
+        assert got == {"a:1": "/default-region/r1"}
+        [pid] = pids_in(pids)
+        assert alive(pid)
+    finally:
+        for pid in pids_in(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 async def test_slow_script_does_not_block_the_event_loop(tmp_path: Path,
@@ -463,6 +559,197 @@ async def test_watcher_locations_static_file_script_registered(tmp_path: Path) -
         await store.close()
 
 
+class Registered(list[str]):
+    """A watcher's ``on_registered``: the bookies its registry watch delivered."""
+
+    def __call__(self, bookie: str, session: Any) -> None:
+        self.append(bookie)
+
+
+async def watch_delivered(registered: Registered, bookie: str) -> None:
+    """Wait until the watcher's registry watch has delivered its first view (with
+    ``bookie``), which locates the bookies too: what changes after that is the refresh's."""
+    await eventually(lambda: bookie in registered)
+
+
+class CountingStore(MemoryMetadataStore):
+    """An in-memory store that counts the views its bookie watches deliver."""
+
+    views = 0
+
+    async def watch_bookies(self) -> Any:
+        async for view in super().watch_bookies():
+            self.views += 1
+            yield view
+
+
+async def test_watcher_picks_up_rack_file_edits_without_registry_changes(
+        tmp_path: Path) -> None:
+    path = tmp_path / "racks.txt"
+    path.write_text("a:1 /file/r1\n")
+    store = CountingStore("/t")
+    try:
+        lease = await store.grant_lease(30)
+        for name in "ab":
+            await store.register_bookie(reg(f"{name}:1", rack=f"/reg/{name}"), lease)
+        registered = Registered()
+        watcher = BookieWatcher(store, registered, rack_mapping=RackMapping(str(path)), refresh_s=0.05)
+        watcher.start()
+        try:
+            assert await watcher.current_locations(5.0) == {"a:1": "/file/r1", "b:1": "/reg/b"}
+            await watch_delivered(registered, "a:1")
+            assert store.views == 1
+            path.write_text("a:1 /file/r2\nb /file/b\n")
+            await eventually(lambda: watcher.locations() == {"a:1": "/file/r2",
+                                                             "b:1": "/file/b"})
+            assert await watcher.current_locations(5.0) == {"a:1": "/file/r2", "b:1": "/file/b"}
+            assert store.views == 1  # no registry change did it
+            path.write_text("")  # lines removed: back to the registered locations
+            await eventually(lambda: watcher.locations() == {"a:1": "/reg/a", "b:1": "/reg/b"})
+            assert store.views == 1
+        finally:
+            await watcher.close()
+    finally:
+        await store.close()
+
+
+async def test_watcher_refresh_sleeps_on_its_clock(tmp_path: Path) -> None:
+    path = tmp_path / "racks.txt"
+    path.write_text("a:1 /file/r1\n")
+    store = MemoryMetadataStore("/t")
+    clock = ManualClock()
+    try:
+        await store.register_bookie(reg("a:1"), await store.grant_lease(30))
+        registered = Registered()
+        watcher = BookieWatcher(store, registered, rack_mapping=RackMapping(str(path)), refresh_s=30.0,
+                                clock=clock)
+        watcher.start()
+        try:
+            assert await watcher.current_locations(5.0) == {"a:1": "/file/r1"}
+            await watch_delivered(registered, "a:1")
+            path.write_text("a:1 /file/r2 # edited\n")
+            await asyncio.sleep(0.2)
+            assert watcher.locations() == {"a:1": "/file/r1"}  # not yet refreshed
+            clock.advance(29.0)
+            await asyncio.sleep(0.2)
+            assert watcher.locations() == {"a:1": "/file/r1"}
+            clock.advance(1.0)
+            await eventually(lambda: watcher.locations() == {"a:1": "/file/r2"})
+        finally:
+            await watcher.close()
+    finally:
+        await store.close()
+
+
+async def test_watcher_refresh_asks_the_script_again_for_failed_hosts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bookies_module, "SCRIPT_RETRY_S", 0.1)
+    ok = tmp_path / "ok"
+    command, runs = recording_script(
+        tmp_path, f"[ -e {shlex.quote(str(ok))} ] || exit 1; echo /eu/r1")
+    store = CountingStore("/t")
+    try:
+        await store.register_bookie(reg("a:1", rack="/reg/a"), await store.grant_lease(30))
+        registered = Registered()
+        watcher = BookieWatcher(store, registered, rack_mapping=RackMapping(script=command), refresh_s=0.05)
+        watcher.start()
+        try:
+            with structlog.testing.capture_logs() as logs:
+                assert await watcher.current_locations(5.0) == {"a:1": "/reg/a"}
+                await watch_delivered(registered, "a:1")
+            assert len(warnings(logs)) == 1
+            assert store.views == 1
+            ok.touch()
+            await eventually(lambda: watcher.locations() == {"a:1": "/eu/r1"})
+            assert store.views == 1
+            assert runs_of(runs)[-1] == ["a"] and len(runs_of(runs)) >= 2
+        finally:
+            await watcher.close()
+    finally:
+        await store.close()
+
+
+async def test_watcher_refresh_survives_errors_and_wakes_waiters(tmp_path: Path) -> None:
+    path = tmp_path / "racks.txt"
+    path.write_text("a:1 /file/r1\n")
+    mapping = RackMapping(str(path))
+    real_resolve = mapping.resolve
+    failures = 0
+
+    async def flaky_resolve(bookies: Any) -> dict[str, str]:
+        nonlocal failures
+        if failures < 3:
+            failures += 1
+            raise RuntimeError("mapping broke")
+        return await real_resolve(bookies)
+
+    store = MemoryMetadataStore("/t")
+    try:
+        await store.register_bookie(reg("a:1"), await store.grant_lease(30))
+        registered = Registered()
+        watcher = BookieWatcher(store, registered, rack_mapping=mapping, refresh_s=0.05)
+        await watcher.use_rack_mapping(mapping)  # loads the file, locates what is known
+        watcher.start()
+        try:
+            assert await watcher.current_locations(5.0) == {"a:1": "/file/r1"}
+            await watch_delivered(registered, "a:1")
+            mapping.resolve = flaky_resolve  # type: ignore[method-assign]
+            path.write_text("a:1 /file/r2 # edited\n")
+            with structlog.testing.capture_logs() as logs:
+                await watcher.wait_for_change(5.0)  # woken by the location change
+                assert watcher.locations() == {"a:1": "/file/r2"}
+            assert failures == 3
+            failed = [e for e in warnings(logs)
+                      if e["event"] == "rack mapping refresh failed; trying again later"]
+            assert len(failed) == 3
+            assert failed[0]["error"] == "mapping broke" and failed[0]["retry_s"] == 0.05
+            refresh = watcher._refresh_task
+            assert refresh is not None and not refresh.done()
+        finally:
+            await watcher.close()
+        assert refresh.cancelled()  # closed: cancelled and awaited
+        assert watcher._refresh_task is None
+    finally:
+        await store.close()
+
+
+async def test_watcher_without_mapping_has_no_refresh_task() -> None:
+    store = MemoryMetadataStore("/t")
+    try:
+        watcher = BookieWatcher(store, refresh_s=0.01)
+        watcher.start()
+        assert watcher._refresh_task is None
+        await watcher.close()
+    finally:
+        await store.close()
+
+
+def test_watcher_refresh_interval_must_be_positive() -> None:
+    store = MemoryMetadataStore("/t")
+    with pytest.raises(ValueError, match="refresh_s must be > 0"):
+        BookieWatcher(store, refresh_s=0)
+
+
+async def test_client_refreshes_every_bookie_racks_refresh_s(tmp_path: Path) -> None:
+    """BookKeeper passes bookie_racks_refresh_s to its watcher."""
+    path = tmp_path / "racks.txt"
+    path.write_text("a:1 /file/r1\n")
+    store = MemoryMetadataStore("/t")
+    config = ClientConfig(bookie_racks_file=str(path), bookie_racks_refresh_s=0.05)
+    mapping = RackMapping.from_config(config)
+    assert mapping is not None
+    await mapping.load()
+    bk = BookKeeper(store, config, rack_mapping=mapping)
+    try:
+        await store.register_bookie(reg("a:1"), await store.grant_lease(30))
+        bk.bookies.start()
+        assert (await bk.bookies.current_locations(5.0)) == {"a:1": "/file/r1"}
+        path.write_text("a:1 /file/r2 # edited\n")
+        await eventually(lambda: bk.bookie_locations() == {"a:1": "/file/r2"})
+    finally:
+        await bk.close()
+
+
 def test_from_config() -> None:
     assert RackMapping.from_config(ClientConfig()) is None
     mapping = RackMapping.from_config(from_mapping(ClientConfig, {
@@ -509,6 +796,8 @@ async def test_connect_refuses_a_bad_rack_file_before_contacting_etcd(
     ({"bookie_racks_script_timeout_s": 0}, r"bookie_racks_script_timeout_s must be > 0"),
     ({"bookie_racks_script_timeout_s": -1.5}, r"bookie_racks_script_timeout_s must be > 0"),
     ({"bookie_racks_file": 3}, r"'bookie_racks_file' must be str"),
+    ({"bookie_racks_refresh_s": 0}, r"bookie_racks_refresh_s must be > 0"),
+    ({"bookie_racks_refresh_s": -30}, r"bookie_racks_refresh_s must be > 0"),
 ])
 def test_client_config_checks_the_rack_settings(values: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -520,3 +809,5 @@ def test_client_config_accepts_the_rack_settings() -> None:
                                       "bookie_racks_script": "/usr/bin/topo --zone 'a b'",
                                       "bookie_racks_script_timeout_s": 0.5})
     assert (cfg.bookie_racks_file, cfg.bookie_racks_script_timeout_s) == ("racks.txt", 0.5)
+    assert ClientConfig().bookie_racks_refresh_s == 30.0
+    assert from_mapping(ClientConfig, {"bookie_racks_refresh_s": 5}).bookie_racks_refresh_s == 5.0

@@ -8,12 +8,14 @@ import builtins
 import contextlib
 import os
 import shlex
+import signal
 import subprocess
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..clock import LOOP_CLOCK, Clock
 from ..config import ClientConfig
 from ..errors import ConfigError
 from ..log import get_logger
@@ -50,21 +52,38 @@ class _ScriptResult:
     """Why the whole run failed ("" if it did not)."""
 
 
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the process group ``proc`` leads (it was started in its own session),
+    so that what it started dies with it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def _run_script(argv: list[str], hosts: list[str], timeout_s: float) -> _ScriptResult:
-    """Run the rack script for ``hosts`` (blocking: call it in a thread)."""
+    """Run the rack script for ``hosts`` (blocking: call it in a thread).  It runs in
+    a session (and process group) of its own; on timeout the whole group is killed,
+    the script and whatever it started."""
     env = {k: v for k, v in os.environ.items() if k not in SCRIPT_ENV_HIDDEN}
     try:
-        done = subprocess.run([*argv, *hosts], capture_output=True, text=True, env=env,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        return _ScriptResult({}, hosts, f"it did not finish within {timeout_s:g} s "
-                             "(bookie_racks_script_timeout_s)")
+        proc = subprocess.Popen([*argv, *hosts], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, start_new_session=True)
     except OSError as exc:
         return _ScriptResult({}, hosts, f"it cannot be run: {exc.strerror or exc}")
-    if done.returncode != 0:
-        return _ScriptResult({}, hosts, f"it exited with status {done.returncode}")
+    with proc:  # closes the pipes and waits for the script on the way out
+        try:
+            stdout, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)  # before waiting: the group still exists, its id not reused
+            return _ScriptResult({}, hosts, f"it did not finish within {timeout_s:g} s "
+                                 "(bookie_racks_script_timeout_s)")
+        except BaseException:
+            _kill_group(proc)
+            raise
+    if proc.returncode != 0:
+        return _ScriptResult({}, hosts, f"it exited with status {proc.returncode}")
     try:
-        found, bad = parse_script_output(done.stdout, hosts)
+        found, bad = parse_script_output(stdout, hosts)
     except ValueError as exc:
         return _ScriptResult({}, hosts, str(exc))
     return _ScriptResult(found, bad, "")
@@ -79,11 +98,13 @@ class RackMapping:
     whenever it changed, at :meth:`resolve` (a bad one then logs a warning and the
     previous content stays); the script, by :meth:`resolve`, only for hosts it has
     not answered yet (answers are kept for the process's life), at most
-    ``SCRIPT_HOSTS_MAX`` hosts a run, killed after ``script_timeout_s``.  A script
-    that fails or gives no location for a host logs a warning; that host is in the
+    ``SCRIPT_HOSTS_MAX`` hosts a run, killed after ``script_timeout_s`` (with the
+    processes it started: it runs in a process group of its own).  A script that
+    fails or gives no location for a host logs a warning; that host is in the
     default location (or where its bookie registered) until the script is asked
-    again, ``SCRIPT_RETRY_S`` later.  The script's output and error text are never
-    logged, and it does not get this process's token or etcd password variables."""
+    again, at a :meth:`resolve` ``SCRIPT_RETRY_S`` or more later.  The script's
+    output and error text are never logged, and it does not get this process's
+    token or etcd password variables."""
 
     def __init__(self, file: str = "", script: str = "", script_timeout_s: float = 5.0, *,
                  log: Any = None) -> None:
@@ -206,25 +227,77 @@ class BookieWatcher:
     or a lost lease).  Locations (:meth:`locations`): ``static_locations`` (bookie id
     -> ``/region/rack``) win over ``rack_mapping`` (a rack file, then a rack script),
     which wins over the locations bookies registered.  A view of the registry is
-    published once the mapping has located its bookies."""
+    published once the mapping has located its bookies.
+
+    With a rack mapping, from :meth:`start` to :meth:`close`, the bookies known are
+    also located again every ``refresh_s`` (``ClientConfig.bookie_racks_refresh_s``,
+    slept on ``clock``): an edited rack file, or a script host due for another try,
+    then changes :meth:`locations` without any change of the registry."""
 
     def __init__(self, meta: MetadataStore,
                  on_registered: Callable[[BookieId, Any], None] = lambda b, s: None,
                  static_locations: Mapping[BookieId, str] | None = None,
-                 rack_mapping: RackMapping | None = None) -> None:
+                 rack_mapping: RackMapping | None = None, *,
+                 refresh_s: float = ClientConfig.bookie_racks_refresh_s,
+                 clock: Clock = LOOP_CLOCK) -> None:
+        if not refresh_s > 0:
+            raise ValueError(f"refresh_s must be > 0, got {refresh_s!r}")
         self._meta = meta
         self._on_registered = on_registered
         self._static_locations = dict(static_locations or {})
         self._rack_mapping = rack_mapping
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._log = get_logger(component="rack-mapping")
         self._mapped: dict[BookieId, str] = {}
         self._locations: dict[BookieId, str] | None = None
         self._listed: dict[BookieId, BookieRegistration] = {}
         self._view: dict[BookieId, BookieRegistration] | None = None
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._started = False
 
     def start(self) -> None:
+        """Follow the registry (and, with a rack mapping, refresh the locations) until
+        :meth:`close`."""
+        self._started = True
         self._task = asyncio.get_running_loop().create_task(self._run())
+        self._start_refresh()
+
+    def _start_refresh(self) -> None:
+        if self._started and self._rack_mapping is not None and self._refresh_task is None:
+            self._refresh_task = asyncio.get_running_loop().create_task(self._refresh())
+
+    def _known(self) -> dict[BookieId, BookieRegistration]:
+        return self._view if self._view is not None else self._listed
+
+    async def _refresh(self) -> None:
+        """Every ``refresh_s``: locate the bookies known again; a change of their mapped
+        locations drops the cached :meth:`locations` and wakes :meth:`wait_for_change`.
+        An error is logged and the next round tried; cancelled by :meth:`close`."""
+        while True:
+            await self._clock.sleep(self._refresh_s)
+            mapping = self._rack_mapping
+            if mapping is None:
+                continue
+            try:
+                await mapping.resolve(self._known())
+                # what is known now: the registry may have changed during resolve
+                mapped = mapping.mapped(self._known())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # keep refreshing, whatever happened
+                self._log.warning("rack mapping refresh failed; trying again later",
+                                  error=str(exc) or type(exc).__name__,
+                                  retry_s=self._refresh_s)
+                continue
+            if mapping is self._rack_mapping and mapped != self._mapped:
+                self._mapped = mapped
+                self._locations = None
+                self._log.info("bookie locations changed", bookies=len(mapped))
+                self._changed.set()
+                self._changed = asyncio.Event()
 
     async def _run(self) -> None:
         async for view in self._meta.watch_bookies():
@@ -246,7 +319,7 @@ class BookieWatcher:
         try:
             self._mapped = await mapping.resolve(bookies) if mapping is not None else {}
         except ConfigError as exc:  # a file never loaded: what use_rack_mapping reports
-            get_logger(component="rack-mapping").warning(
+            self._log.warning(
                 "rack file unusable: bookies are where they registered", error=str(exc))
             self._mapped = {}
         self._locations = None
@@ -257,8 +330,8 @@ class BookieWatcher:
         if mapping is not None:
             await mapping.load()
         self._rack_mapping = mapping
-        known = self._view if self._view is not None else self._listed
-        await self._locate(known)
+        await self._locate(self._known())
+        self._start_refresh()
 
     def session(self, bookie: BookieId) -> Any:
         """The bookie's current registration (None if not registered or not known yet)."""
@@ -286,22 +359,27 @@ class BookieWatcher:
     def locations(self) -> dict[BookieId, str]:
         """Normalized network locations of the bookies known (registered ones from the
         registry, the rack mapping's and the static ones winning); bookies absent are
-        in the default location.  Kept until the registry changes: do not modify."""
+        in the default location.  Kept until the registry or the mapped locations
+        change: do not modify."""
         if self._locations is None:
-            view = self._view if self._view is not None else self._listed
+            view = self._known()
             registered = {b: str(reg.info.get(LOCATION_KEY, "")) for b, reg in view.items()}
             self._locations = resolve_locations(registered, self._static_locations,
                                                 self._mapped)
         return self._locations
 
     async def wait_for_change(self, timeout_s: float) -> None:
-        """Return when the registry changes next, or after ``timeout_s``."""
+        """Return when the registry (or, with a rack mapping, a bookie's mapped
+        location) changes next, or after ``timeout_s``."""
         with contextlib.suppress(builtins.TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await self._changed.wait()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task])
-            self._task = None
+        self._started = False
+        tasks = [t for t in (self._task, self._refresh_task) if t is not None]
+        self._task = self._refresh_task = None
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)

@@ -150,7 +150,7 @@ class BookKeeper:
         self.bookies = BookieWatcher(
             meta, self._on_bookie_registered, static_locations=config.bookie_racks,
             rack_mapping=rack_mapping if rack_mapping is not None
-            else RackMapping.from_config(config))
+            else RackMapping.from_config(config), refresh_s=config.bookie_racks_refresh_s)
         self.context = ClientContext(meta=meta, config=config, bookie_client=self.bookie_client,
                                      bookies=self.bookies, placement=self.placement,
                                      quarantine=self.quarantine, stats=self.stats)
@@ -319,7 +319,11 @@ class BookKeeper:
         return await self.meta.read_ledger(ledger_id)
 
     def bookie_locations(self) -> dict[BookieId, str]:
-        """The network location (``/region/rack``) of every bookie this client knows:
-        what the bookies registered, ``bookie_racks`` winning; others are in
-        ``/default-region/default-rack``."""
+        """The network location (``/region/rack``) of every bookie this client knows
+        (normalized).  For each bookie the first that gives one wins: ``bookie_racks``
+        (static), then the rack file (``bookie_racks_file``), then the rack script
+        (``bookie_racks_script``), then what the bookie registered (its ``--rack``);
+        others are in ``/default-region/default-rack``.  The file and the script are
+        consulted again whenever the registry changes and every
+        ``bookie_racks_refresh_s``."""
         return dict(self.bookies.locations())
