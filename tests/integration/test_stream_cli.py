@@ -111,6 +111,48 @@ def test_bad_input_is_one_line(args: list[str], code: int, expect: str) -> None:
     assert line.startswith("asyncbk stream")
 
 
+# each command with the arguments it needs
+COMMAND_ARGS = {"namespaces": [], "create-namespace": ["ns"], "delete-namespace": ["ns"],
+                "namespace-info": ["ns"], "list": ["ns"],
+                # the namespace's placement options too: no clash with the client's
+                "create": ["ns", "s", "--placement-policy", "rack-aware",
+                           "--min-racks-per-write-quorum", "2", "--enforce-placement"],
+                "info": ["ns", "s"], "retention": ["ns"], "delete": ["ns", "s"],
+                "truncate": ["ns", "s", "--before", "1:0:0"], "write": ["ns", "s"],
+                "tail": ["ns", "s"]}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_refuses_a_bad_rack_file_before_connecting(command: str,
+                                                                  tmp_path: Path) -> None:
+    assert set(COMMAND_ARGS) == set(COMMANDS)
+    racks = tmp_path / "racks.txt"
+    racks.write_text("# racks\n127.0.0.1:3181 /eu/r1\n127.0.0.1:0 /eu/r2\n")
+    line = one_line_error(cli("stream", command, *COMMAND_ARGS[command],
+                              "--bookie-racks-file", str(racks),
+                              "--metadata-uri", "etcd://127.0.0.1:1/x"))
+    assert line.startswith(f"asyncbk stream {command}: error: {racks}:3: 127.0.0.1:0 is not a "
+                           "bookie id or a host: port '0' is not a number from 1 to 65535; "
+                           "expected host:port"), line
+    assert "etcd" not in line  # nothing was contacted
+
+
+@pytest.mark.parametrize(("options", "expect"), [
+    (["--bookie-racks-file", "{tmp}/missing.txt"],
+     "bookie_racks_file {tmp}/missing.txt does not exist; create it or leave out "
+     "--bookie-racks-file"),
+    (["--bookie-racks-script", "topo.sh 'eu west"],
+     "bookie_racks_script: No closing quotation; quote it as a shell would"),
+    (["--bookie-racks-script", " "], "bookie_racks_script has no program to run"),
+])
+def test_bad_rack_options_are_one_line(options: list[str], expect: str,
+                                       tmp_path: Path) -> None:
+    options = [o.replace("{tmp}", str(tmp_path)) for o in options]
+    line = one_line_error(cli("stream", "tail", "ns", "s", *options,
+                              "--metadata-uri", "etcd://127.0.0.1:1/x"))
+    assert line == f"asyncbk stream tail: error: {expect.replace('{tmp}', str(tmp_path))}"
+
+
 def test_unreachable_etcd_is_one_line() -> None:
     line = one_line_error(cli("stream", "namespaces", "--metadata-uri", "etcd://127.0.0.1:1/x"))
     assert "cannot reach etcd" in line
@@ -321,6 +363,41 @@ async def test_errors_say_what_to_do(cluster: LocalCluster) -> None:
     line = one_line_error(await asyncio.to_thread(cli, "stream", "namespaces",
                                                   "--metadata-uri", wrong))
     assert "no asyncbk cluster at" in line
+
+
+async def test_rack_file_and_script_locate_the_bookies_of_stream_commands(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    """The bookies register no rack: an enforced rack-aware namespace cannot place a
+    segment, unless the command's --bookie-racks-file (or --bookie-racks-script) puts
+    them in two racks."""
+    st = Stream(cluster.metadata_uri)
+    await st("create-namespace", "ns", "--ensemble-size", "2", "--write-quorum", "2",
+             "--ack-quorum", "2", "--rolling-entries", "1", "--placement-policy",
+             "rack-aware", "--enforce-placement")
+    await st("create", "ns", "s")
+    line = one_line_error(await st("write", "ns", "s", stdin=b"x\n", ok=False))
+    assert "rack-aware placement" in line, line
+    b0, b1, b2 = (b.id for b in cluster.bookies)
+    racks = tmp_path / "racks.txt"
+    racks.write_text(f"# two racks\n{b0} /eu/r1\n{b1} /eu/r2\n{b2} /eu/r2\n")
+    r = await st("write", "ns", "s", "--bookie-racks-file", str(racks), stdin=b"one\ntwo\n")
+    assert "wrote 2 records to ns/s" in r.stdout
+    # a script that puts every host in one rack (the bookies share one host anyway):
+    # not placeable
+    script = tmp_path / "racks.sh"
+    script.write_text("#!/bin/sh\nfor h in \"$@\"; do echo /eu/r1; done\n")
+    script.chmod(0o755)
+    line = one_line_error(await st("write", "ns", "s", "--bookie-racks-script", str(script),
+                                   stdin=b"three\n", ok=False))
+    assert "rack-aware placement" in line, line
+    r = await st("tail", "ns", "s", "--no-follow", "--bookie-racks-file", str(racks),
+                 "--bookie-racks-script", str(script))  # both: the file wins
+    assert [ln.split(" ", 2)[2] for ln in r.stdout.splitlines()] == ["one", "two"]
+    bk = await cluster.client()
+    info = json.loads((await st("info", "ns", "s", "--json")).stdout)
+    for seg in info["segments"]:
+        md = await bk.ledger_metadata(seg["ledger_id"])
+        assert b0 in md.ensembles[0][1]  # each write set spans /eu/r1 and /eu/r2
 
 
 async def test_tail_follows_new_records_until_ctrl_c(cluster: LocalCluster) -> None:

@@ -1,6 +1,8 @@
 """``asyncbk stream``: namespaces and streams from the command line.
 
-Commands (each takes ``--metadata-uri``):
+Commands (each takes ``--metadata-uri``, the client's TLS and authentication
+options, and ``--bookie-racks-file`` / ``--bookie-racks-script``: where its client
+locates bookies):
 
 * ``namespaces``, ``create-namespace NS [settings]``, ``namespace-info NS [--json]``,
   ``delete-namespace NS [--force]``;
@@ -28,26 +30,52 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from ...errors import BKError
+from ...config import ClientConfig, from_mapping
+from ...errors import BKError, ConfigError
 from ...stream.meta import check_namespace_name, check_stream_name
+from ...topology import parse_rack_file
 from ..security import client_security
 from . import admin, data
-from .args import add_commands
+from .args import RACK_OPTIONS, add_commands
 from .common import cli_error, explain, stdout_gone
 
-__all__ = ["add_commands", "run_stream"]
+__all__ = ["add_commands", "rack_options", "run_stream"]
 
 
-async def _run(args: argparse.Namespace) -> int:
-    """Connect to the cluster and run ``args.stream_command``: ``namespaces`` and
-    ``create-namespace`` on the client, the others on the namespace ``args.namespace``."""
+def rack_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ClientConfig settings of ``--bookie-racks-file`` and ``--bookie-racks-script``
+    given, checked, the rack file read and parsed: ConfigError (naming ``file:line``
+    for a bad line) before anything is contacted.  Blocking: call it before the event
+    loop runs."""
+    values = {name: getattr(args, name) for name in RACK_OPTIONS
+              if getattr(args, name, None) is not None}
+    from_mapping(ClientConfig, values, "options")
+    path = values.get("bookie_racks_file")
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"bookie_racks_file {path} does not exist; create it or leave "
+                              "out --bookie-racks-file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"bookie_racks_file {path} cannot be read: {exc}") from None
+        parse_rack_file(text, path)
+    return values
+
+
+async def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """Connect to the cluster (``options``: ClientConfig fields) and run
+    ``args.stream_command``: ``namespaces`` and ``create-namespace`` on the client, the
+    others on the namespace ``args.namespace``."""
     from ...stream.client import BookKeeper
     from ..shell import _require_cluster
 
     cmd = args.stream_command
     security = await asyncio.to_thread(client_security, args)
-    async with await BookKeeper.connect(args.metadata_uri, **security) as bk:
+    async with await BookKeeper.connect(args.metadata_uri, **security, **options) as bk:
         await _require_cluster(bk, args.metadata_uri)
         if cmd in admin.ON_CLUSTER:
             return await admin.ON_CLUSTER[cmd](bk, args)
@@ -71,11 +99,12 @@ def run_stream(args: argparse.Namespace, run: Callable[..., int],
     if args.stream_command == "write" and args.with_txid and args.txid is not None:
         raise cli_error("--txid and --with-txid exclude each other: with --with-txid each "
                         "line gives its txid")
+    options = rack_options(args)  # a bad rack file: before anything is contacted
     configure_logging(args, "warning")
 
     async def go() -> int:
         try:
-            return await _run(args)
+            return await _run(args, options)
         except BKError as exc:
             raise explain(exc, args) from None
 

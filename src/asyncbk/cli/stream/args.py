@@ -11,7 +11,7 @@ from typing import Any
 from ...meta.model import DIGESTS
 from ...stream.meta import StreamConfig
 from ...stream.position import Position
-from ...topology import POLICIES
+from ...topology import POLICIES, RACK_FILE_FORMAT
 from .. import argtypes
 from ..security import add_client_security_options
 
@@ -99,6 +99,25 @@ def _add_settings(p: argparse.ArgumentParser, for_stream: bool) -> None:
                            choices=choices, help=text)
 
 
+RACK_OPTIONS = ("bookie_racks_file", "bookie_racks_script")
+"""The ClientConfig fields of :func:`add_rack_options`' options (of the same names)."""
+
+
+def add_rack_options(p: argparse.ArgumentParser) -> None:
+    """Where this command's client locates bookies: ``--bookie-racks-file`` and
+    ``--bookie-racks-script``.  (The placement options of ``create`` and
+    ``create-namespace``, ``--placement-policy`` and the others, are stream settings:
+    not this client's, whose placement is the namespace's or the stream's.)"""
+    p.add_argument("--bookie-racks-file", metavar="FILE", default=None,
+                   help=f"locate bookies by this file, lines {RACK_FILE_FORMAT.split(',')[0]} "
+                   "('#' comments; a host matches any port), winning over "
+                   "--bookie-racks-script and the bookies' --rack; see docs/placement.md "
+                   "(default: none)")
+    p.add_argument("--bookie-racks-script", metavar="COMMAND", default=None,
+                   help="locate bookies by running COMMAND with bookie hosts as arguments; it "
+                   "prints one location per host (default: none)")
+
+
 def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], None],
                  formatter: type[argparse.HelpFormatter]) -> None:
     """The ``asyncbk stream`` subcommands, on the subparsers ``sub``."""
@@ -110,6 +129,7 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
         p.add_argument("--metadata-uri", required=True,
                        help="required: the cluster, etcd://host:port[,host:port...]/<root>")
         add_client_security_options(p)
+        add_rack_options(p)
         add_log_options(p)
         return p
 
