@@ -319,3 +319,45 @@ async def test_cancelled_caller_future_is_still_written(tmp_path: Path) -> None:
     await j.append(rec(1))
     await j.close()
     assert len(read_journal(tmp_path)) == 2
+
+
+async def test_append_batch_one_future_for_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's one future resolves only once every record is fsynced, even when the
+    records go out in two group commits; a batch that does not fit is refused whole."""
+    sync = BlockingSync()
+    monkeypatch.setattr(fileio_mod, "fdatasync", sync)
+    j = await started(tmp_path, journal_group_entries_max=4, journal_queue_entries_max=12)
+    first = j.append(rec(0))
+    await sync.wait_entered()
+    batch = j.append_batch([rec(i) for i in range(1, 7)], [None] * 6)  # 4 + 2
+    assert j.queue_entries == 7
+    with pytest.raises(TooManyRequestsError):
+        j.append_batch([rec(i) for i in range(7, 13)], [None] * 6)  # 7 + 6 > 12
+    assert j.queue_entries == 7  # nothing of it was queued
+    with pytest.raises(ValueError):
+        j.append_batch([], [])
+    sync.release.set()
+    await first
+    await asyncio.wait_for(batch, 5)
+    assert j.statistics()["batches"] == 3  # 1, then the batch as 4 + 2
+    assert j.statistics()["records"] == 7 and j.queue_entries == 0
+    await j.close()
+
+
+async def test_append_batch_fails_whole_on_fsync_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sync = BlockingSync(fail=True)
+    monkeypatch.setattr(fileio_mod, "fdatasync", sync)
+    j = await started(tmp_path)
+    first = j.append(rec(0))
+    await sync.wait_entered()
+    batch = j.append_batch([rec(1), rec(2)], [None, None])
+    sync.release.set()
+    with pytest.raises(BookieIOError):
+        await first
+    with pytest.raises(BookieIOError):
+        await batch
+    with pytest.raises(BookieIOError):
+        j.append_batch([rec(3)], [None])
+    await j.close()

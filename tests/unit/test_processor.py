@@ -357,3 +357,29 @@ async def test_a_batch_entry_past_int64_is_refused_alone(proc: RequestProcessor)
     conn = Conn()
     proc.handle(AddBatchRequest(1, 1, KEY, 0, -1, [0, BIG], [b"a", b"b"]), conn)
     assert (await conn.next()).statuses == [Status.OK, Status.BAD_REQUEST]
+
+
+async def test_a_batch_is_queued_all_or_none(proc: RequestProcessor) -> None:
+    """A batch larger than the journal's free room is refused whole (64 records of
+    room); the next one that fits is taken whole, and answered once all are durable
+    and readable."""
+    conn = Conn()
+    ids = list(range(65))
+    proc.handle(AddBatchRequest(1, 1, KEY, 0, -1, ids, [b"x%d" % e for e in ids]), conn)
+    r = await conn.next()
+    assert r.statuses == [Status.TOO_MANY_REQUESTS] * 65
+    ids = list(range(40))
+    proc.handle(AddBatchRequest(2, 1, KEY, 0, -1, ids, [b"y%d" % e for e in ids]), conn)
+    assert (await conn.next()).statuses == [Status.OK] * 40
+    proc.handle(ReadBatchRequest(3, 1, 0, 100, 1 << 20), conn)
+    assert (await conn.next()).bodies == [b"y%d" % e for e in ids]
+    assert proc.counters["adds"] == 40
+
+
+async def test_a_batch_fails_whole_when_the_journal_fails(proc: RequestProcessor) -> None:
+    conn = Conn()
+    proc.handle(AddBatchRequest(1, 1, KEY, 0, -1, [0, 1], [b"a", b"b"]), conn)
+    assert (await conn.next()).statuses == [Status.OK, Status.OK]
+    proc.storage._journal.fail(OSError("disk gone"))  # type: ignore[attr-defined]
+    proc.handle(AddBatchRequest(2, 1, KEY, 0, -1, [2, 3], [b"c", b"d"]), conn)
+    assert (await conn.next()).statuses == [Status.IO_ERROR, Status.IO_ERROR]

@@ -297,6 +297,34 @@ class Journal:
         self._enqueue(record, item, fut, loop)
         return fut
 
+    def append_batch(self, records: list[bytes], items: list[Any]) -> asyncio.Future[None]:
+        """Queue ``records`` (with their ``items``) in order, with one future: it
+        resolves after the fsync covering the last of them, and so, the journal being
+        FIFO, all of them.  Raises as :meth:`append` does, for all or none."""
+        count = len(records)
+        if count == 0 or count != len(items):
+            raise ValueError(f"append_batch of {count} records and {len(items)} items")
+        self.ensure_room(count)
+        loop = self._loop
+        if loop is None:
+            raise BookieIOError("journal not started")
+        fut: asyncio.Future[None] = loop.create_future()
+        q = self._queue
+        was_empty = not q
+        now = loop.time()
+        last = count - 1
+        nbytes = 0
+        for i, record in enumerate(records):
+            q.append((record, items[i], fut if i == last else None, now))
+            nbytes += len(record)
+        self._queued_bytes += nbytes
+        self._pending += count
+        if self._pending > self._pending_peak:
+            self._pending_peak = self._pending
+        if was_empty or len(q) >= self._entries_max or self._queued_bytes >= self._bytes_max:
+            self._wakeup.set()
+        return fut
+
     def append_unacked(self, record: bytes, item: Any = None) -> None:
         """Like :meth:`append` without a future: for records whose durability
         is covered by a later record's future (the journal is FIFO)."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import functools
 import hmac
 from collections.abc import Coroutine
 from typing import Any
@@ -179,7 +178,9 @@ class RequestProcessor:
             self._apply_backpressure(conn)
 
     def _add_batch(self, req: AddBatchRequest, conn: ServerConnection) -> None:
-        """Each entry as an ADD; one answer once every entry is journaled (or refused)."""
+        """The entries as ADDs, queued to the journal together with one future; one
+        answer once all are journaled (or refused: a full queue or a failed journal
+        refuses them all)."""
         n = len(req.entry_ids)
         ledger_id = req.ledger_id
         status = self._check_add_fields(ledger_id, req.master_key, req.flags, req.lac)
@@ -191,64 +192,64 @@ class RequestProcessor:
                                                          req.entry_ids, [int(status)] * n))
             return
         statuses = [0] * n
-        loop = self._loop
-        started = loop.time()
-        counters = self.counters
-        storage = self.storage
-        key = req.master_key
-        remaining = n
-
-        def finish_one() -> None:
-            nonlocal remaining
-            remaining -= 1
-            if remaining == 0:
-                conn.respond_frame(encode_add_batch_response(req.request_id, Status.OK,
-                                                             ledger_id, req.entry_ids, statuses))
-                if accepted:  # one observation per add, as for single adds
-                    self.add_latency.observe(loop.time() - started, accepted)
-
-        def done(index: int, f: asyncio.Future[None]) -> None:
-            self._add_answered()
-            if f.cancelled() or f.exception() is not None:
-                statuses[index] = Status.IO_ERROR
-                counters["add_errors"] += 1
-            finish_one()
-
-        accepted = 0
-        for i, (entry_id, body) in enumerate(zip(req.entry_ids, req.bodies, strict=True)):
-            if not 0 <= entry_id <= ID_MAX:
+        entry_ids = req.entry_ids
+        bodies = req.bodies
+        if min(entry_ids) < 0 or max(entry_ids) > ID_MAX:  # (rare: keep the good ones)
+            good = [i for i, e in enumerate(entry_ids) if 0 <= e <= ID_MAX]
+            for i in set(range(n)) - set(good):
                 statuses[i] = Status.BAD_REQUEST
-                counters["rejected"] += 1
-                remaining -= 1
-                continue
-            try:
-                fut = storage.add_entry(ledger_id, entry_id, key, body)
-            except TooManyRequestsError:
-                statuses[i] = Status.TOO_MANY_REQUESTS
-                remaining -= 1
-                continue
-            except BookieIOError:
-                statuses[i] = Status.IO_ERROR
-                remaining -= 1
-                continue
-            accepted += 1
-            counters["add_bytes"] += len(body)
-            self._inflight_adds += 1
-            fut.add_done_callback(functools.partial(done, i))
-        counters["adds"] += accepted
+            self.counters["rejected"] += n - len(good)
+            entry_ids = [entry_ids[i] for i in good]
+            bodies = [bodies[i] for i in good]
+        else:
+            good = None
+        loop = self._loop
+        storage = self.storage
+        accepted = len(entry_ids)
+        fut = None
         if accepted:
-            self._drained.clear()
-        if req.lac >= 0 and storage.update_lac(ledger_id, req.lac):
+            refused = Status.OK
+            try:
+                fut = storage.add_entries(ledger_id, entry_ids, req.master_key, bodies)
+            except TooManyRequestsError:
+                refused = Status.TOO_MANY_REQUESTS
+            except BookieIOError:
+                refused = Status.IO_ERROR
+            if fut is None:
+                for i in (range(n) if good is None else good):
+                    statuses[i] = refused
+                accepted = 0
+        if req.lac >= 0 and (fut is not None or storage.ledger(ledger_id) is not None) \
+                and storage.update_lac(ledger_id, req.lac):
             self._notify_lac(ledger_id)
-        if remaining == 0:  # nothing was accepted: answer now
-            remaining = 1
-            finish_one()
+        if fut is None:  # nothing was accepted: answer now
+            conn.respond_frame(encode_add_batch_response(req.request_id, Status.OK, ledger_id,
+                                                         req.entry_ids, statuses))
+            return
+        counters = self.counters
+        counters["adds"] += accepted
+        counters["add_bytes"] += sum(map(len, bodies))
+        self._inflight_adds += accepted
+        self._drained.clear()
+        started = loop.time()
+
+        def done(f: asyncio.Future[None]) -> None:
+            self._add_answered(accepted)
+            if f.cancelled() or f.exception() is not None:
+                for i in (range(n) if good is None else good):
+                    statuses[i] = Status.IO_ERROR
+                counters["add_errors"] += accepted
+            conn.respond_frame(encode_add_batch_response(req.request_id, Status.OK, ledger_id,
+                                                         req.entry_ids, statuses))
+            self.add_latency.observe(loop.time() - started, accepted)
+
+        fut.add_done_callback(done)
         if storage.journal_queue_entries >= self._queue_high:
             self._apply_backpressure(conn)
 
-    def _add_answered(self) -> None:
-        """An accepted add was journaled (or failed): ``drain`` may be waiting for zero."""
-        self._inflight_adds -= 1
+    def _add_answered(self, count: int = 1) -> None:
+        """Accepted adds were journaled (or failed): ``drain`` may be waiting for zero."""
+        self._inflight_adds -= count
         if self._inflight_adds == 0:
             self._drained.set()
 

@@ -147,6 +147,10 @@ class MultiDirStorage:
                   body: bytes) -> asyncio.Future[None]:
         return self._place(ledger_id).add_entry(ledger_id, entry_id, master_key, body)
 
+    def add_entries(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
+                    bodies: list[bytes]) -> asyncio.Future[None]:
+        return self._place(ledger_id).add_entries(ledger_id, entry_ids, master_key, bodies)
+
     def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[None]:
         return self._place(ledger_id).fence(ledger_id, master_key)
 

@@ -281,6 +281,25 @@ class LedgerStorage:
         self._adds += 1
         return fut
 
+    def add_entries(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
+                    bodies: list[bytes]) -> asyncio.Future[None]:
+        """:meth:`add_entry` for many entries of one ledger, with one future (resolved
+        once every record is fsynced and every entry readable), queued all or none."""
+        self._check_open()
+        if ledger_id < 0 or not entry_ids or min(entry_ids) < 0:
+            raise BadRequestError(f"bad entry ids of ledger {ledger_id}")
+        records = [encode_add(ledger_id, entry_id, body)
+                   for entry_id, body in zip(entry_ids, bodies, strict=True)]
+        journal = self._journal
+        info = self._ledgers.get(ledger_id)
+        if info is None:
+            journal.ensure_room(len(records) + 1)
+            info = self._register(ledger_id, master_key)
+        fut = journal.append_batch(records, [(TYPE_ADD, ledger_id, entry_id, info)
+                                             for entry_id in entry_ids])
+        self._adds += len(records)
+        return fut
+
     def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[None]:
         """Set fenced=True at once in memory (so later adds see it) and journal
         a FENCE record; resolves after its fsync.  The journal being FIFO,
