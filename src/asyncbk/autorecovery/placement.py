@@ -20,6 +20,12 @@ and repaired once the ledger is closed.  A fragment with a bookie that is not
 registered is re-replication's business (its entries may have one replica fewer);
 it is reported and left alone.  A fragment without entries holds nothing and is not
 checked.
+
+A ledger created with its own placement (``create_ledger(placement=...)``, a
+namespace's segments; recorded in its metadata, see
+:func:`~asyncbk.client.client.ledger_placement`) is checked and repaired against
+that placement (:func:`rule_of`); the rule given (the command's, the auditor's)
+applies to the ledgers without one.
 """
 
 from __future__ import annotations
@@ -35,10 +41,16 @@ from ..log import get_logger
 from ..meta.model import LedgerMetadata
 from ..topology import POLICIES, location_of, region_of
 from ..types import BookieId
-from .replication import ReplicationStats, _copy_fragment, _swap_bookies, answers_writable
+from .replication import (
+    ReplicationStats,
+    _copy_fragment,
+    _swap_bookies,
+    answers_writable,
+    ledger_spec,
+)
 
 if TYPE_CHECKING:
-    from ..client.client import BookKeeper
+    from ..client.client import BookKeeper, PlacementSpec
     from ..client.placement import PlacementViolation
 
 _log = get_logger(component="placement-fix")
@@ -67,6 +79,21 @@ class PlacementRule:
         return cls(config.placement_policy, config.min_racks_per_write_quorum,
                    config.min_regions_per_write_quorum)
 
+    @classmethod
+    def of_spec(cls, spec: PlacementSpec, config: ClientConfig) -> PlacementRule:
+        """The rule of a ledger's own placement ``spec`` (its fields left None are
+        ``config``'s)."""
+        policy, racks, regions, _ = spec.resolve(config)
+        return cls(policy, racks or config.min_racks_per_write_quorum,
+                   regions or config.min_regions_per_write_quorum)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"policy": self.policy,
+                "min_racks_per_write_quorum": None if self.policy == "random"
+                else self.min_racks_per_write_quorum,
+                "min_regions_per_write_quorum": self.min_regions_per_write_quorum
+                if self.policy == "region-aware" else None}
+
     def describe(self) -> str:
         """``rack-aware placement (every write set spans at least 2 racks)``."""
         if self.policy == "random":
@@ -89,6 +116,17 @@ class PlacementRule:
             available=available)
 
 
+def rule_of(md: LedgerMetadata, default: PlacementRule,
+            config: ClientConfig) -> tuple[PlacementRule, bool]:
+    """``(rule, own)``: the rule ``md``'s fragments are checked against, its own
+    recorded placement (``own``) or else ``default``; a malformed record is logged as
+    a warning and ``default`` applies."""
+    spec = ledger_spec(md)
+    if spec is None:
+        return default, False
+    return PlacementRule.of_spec(spec, config), True
+
+
 @dataclass
 class FragmentCheck:
     """A fragment of a ledger whose write sets violate the rule."""
@@ -105,6 +143,10 @@ class FragmentCheck:
     """The last fragment of an open ledger: its writer's, not repaired."""
     unregistered: list[BookieId] = field(default_factory=list)
     """Bookies of the fragment that are not registered: re-replicate them first."""
+    rule: PlacementRule | None = None
+    """The rule it violates."""
+    own_rule: bool = False
+    """Whether that rule is the ledger's own placement (else the one given to the check)."""
 
     @property
     def fixable(self) -> bool:
@@ -114,6 +156,10 @@ class FragmentCheck:
         last = "open" if self.open_tail else str(self.last)
         return (f"ledger {self.ledger_id} fragment {self.index} (first entry {self.first}, "
                 f"entries {self.first}..{last})")
+
+    def rule_source(self) -> str:
+        """``ledger`` (its own placement) or ``command`` (the rule given)."""
+        return "ledger" if self.own_rule else "command"
 
     def why_not_fixable(self) -> str:
         if self.open_tail:
@@ -129,14 +175,18 @@ class FragmentCheck:
                 "first_entry": self.first, "last_entry": None if self.open_tail else self.last,
                 "ensemble": list(self.ensemble), "write_quorum": self.write_quorum,
                 "open": self.open_tail, "unregistered": list(self.unregistered),
-                "fixable": self.fixable, "reasons": [str(v) for v in self.violations]}
+                "fixable": self.fixable, "reasons": [str(v) for v in self.violations],
+                "rule": self.rule_source(),
+                "placement": self.rule.to_json() if self.rule is not None else None}
 
 
 def check_ledger(md: LedgerMetadata, rule: PlacementRule, locations: Mapping[BookieId, str],
-                 available: Collection[BookieId]) -> list[FragmentCheck]:
+                 available: Collection[BookieId], *,
+                 own_rule: bool = False) -> list[FragmentCheck]:
     """The fragments of ``md`` that violate ``rule`` given ``locations`` (normalized,
     absent bookies in the default location) and the racks of the ``available``
-    (registered) bookies; empty fragments are skipped."""
+    (registered) bookies; empty fragments are skipped.  ``rule`` is used as given
+    (:func:`rule_of` picks a ledger's own); ``own_rule`` says it is the ledger's own."""
     if rule.policy == "random":
         return []
     registered = set(available)
@@ -150,7 +200,8 @@ def check_ledger(md: LedgerMetadata, rule: PlacementRule, locations: Mapping[Boo
         if found:
             out.append(FragmentCheck(md.ledger_id, index, first, last if not open_tail else -1,
                                      tuple(ensemble), md.write_quorum, found, open_tail,
-                                     [b for b in ensemble if b not in registered]))
+                                     [b for b in ensemble if b not in registered], rule,
+                                     own_rule))
     return out
 
 
@@ -188,8 +239,9 @@ async def fix_ledger_placement(bk: BookKeeper, ledger_id: int, rule: PlacementRu
                                progress: Callable[[int, int], None] | None = None,
                                dry_run: bool = False,
                                rng: random.Random | None = None) -> LedgerFix:
-    """Repair the fragments of ``ledger_id`` that violate ``rule`` (see the module
-    docstring).  Locations are the client's (``bk.bookies``) now; ``available``: the
+    """Repair the fragments of ``ledger_id`` that violate its rule: its own recorded
+    placement, else ``rule`` (:func:`rule_of`; see the module docstring).  Locations
+    are the client's (``bk.bookies``) now; ``available``: the
     registered bookies; ``writable``: those replacements may come from.  Raises
     BKError when copying fails, MetadataVersionError when the fragment changed while
     it was copied (nothing is lost: run it again), NoSuchLedgerError if the ledger
@@ -198,13 +250,14 @@ async def fix_ledger_placement(bk: BookKeeper, ledger_id: int, rule: PlacementRu
     from ..client.placement import plan_placement_fix
 
     md = await bk.meta.read_ledger(ledger_id)
+    rule, own = rule_of(md, rule, bk.config)
     locations = await bk.bookies.current_locations(bk.config.metadata_timeout_s)
     registered = set(available)
     digest = DigestManager(md.ledger_id, md.digest, md.password)
     key = master_key(md.password)
     result = LedgerFix()
     unusable: set[BookieId] = set()
-    for check in check_ledger(md, rule, locations, registered):
+    for check in check_ledger(md, rule, locations, registered, own_rule=own):
         if not check.fixable:
             result.left.append(f"{check.where()}: not fixed: {check.why_not_fixable()}")
             continue
@@ -228,7 +281,8 @@ async def fix_ledger_placement(bk: BookKeeper, ledger_id: int, rule: PlacementRu
                 f"{check.where()}: not fixed: no change of bookies makes every write set "
                 f"comply ({len(spare)} writable bookie(s) outside the ensemble answer; "
                 f"available: {describe_available(available_racks(locations, registered))}); "
-                "add bookies in the racks that are short, or change the policy")
+                "add bookies in the racks that are short, or change the policy"
+                + (f" (the ledger's own: {rule.describe()})" if own else ""))
             continue
         if not plan:  # complies already (it changed since the check)
             continue
@@ -247,6 +301,7 @@ async def fix_ledger_placement(bk: BookKeeper, ledger_id: int, rule: PlacementRu
         result.fixed.append(line)
         _log.info("fragment moved to comply with placement", ledger_id=ledger_id,
                   fragment=index, first=first, last=last, entries=count, policy=rule.policy,
+                  ledger_placement=own,
                   replaced={ensemble[p]: b for p, b in plan.items()})
     if result.fixed and not dry_run:
         stats.ledgers += 1
@@ -254,4 +309,4 @@ async def fix_ledger_placement(bk: BookKeeper, ledger_id: int, rule: PlacementRu
 
 
 __all__ = ["FragmentCheck", "LedgerFix", "PlacementRule", "available_racks", "check_ledger",
-           "describe_available", "fix_ledger_placement"]
+           "describe_available", "fix_ledger_placement", "rule_of"]

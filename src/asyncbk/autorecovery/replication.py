@@ -9,6 +9,14 @@ placement policy (an ADD with the RECOVERY_ADD flag, so a fenced or closed
 ledger accepts it, acknowledged after the new bookie's fsync), and then swaps
 the bookie in that fragment's ensemble by compare-and-swap on the metadata.
 
+The placement policy is the ledger's own when it was created with one
+(``create_ledger(placement=...)``, a namespace's segments: recorded in its
+metadata, see :func:`~asyncbk.client.client.ledger_placement`), else the
+client's (:func:`ledger_policy`).  When the ledger's placement is enforced and no
+replacement meets it, nothing is copied: :class:`~asyncbk.errors.PlacementError`
+(as BookKeeper's replication worker fails with enforced placement), and
+auto-recovery keeps the ledger marked under-replicated and retries later.
+
 Only fragments that can no longer grow are copied: those of a closed ledger,
 and the earlier fragments of an open one.  The last fragment of an open ledger
 belongs to its writer (which replaces failed bookies itself); if the writer is
@@ -34,6 +42,7 @@ from ..errors import (
     DigestMismatchError,
     MetadataVersionError,
     NotEnoughBookiesError,
+    PlacementError,
 )
 from ..log import get_logger
 from ..meta.model import LedgerMetadata
@@ -41,8 +50,9 @@ from ..proto import AddFlag, AddRequest, AddResponse, ReadRequest, ReadResponse,
 from ..types import BookieId
 
 if TYPE_CHECKING:
-    from ..client.client import BookKeeper
+    from ..client.client import BookKeeper, PlacementSpec
     from ..client.digest import DigestManager
+    from ..client.placement import PlacementPolicy
 
 COPY_WINDOW = 64
 """Entries being copied at once, per fragment."""
@@ -72,6 +82,40 @@ def needs_recovery_first(md: LedgerMetadata, available: set[BookieId]) -> bool:
     return any(b not in available for b in md.ensembles[-1][1])
 
 
+def ledger_spec(md: LedgerMetadata) -> PlacementSpec | None:
+    """The ledger's own recorded placement
+    (:func:`~asyncbk.client.client.ledger_placement`), None without one; a malformed
+    record (hand-edited) is logged as a warning and read as none."""
+    from ..client.client import ledger_placement
+
+    try:
+        return ledger_placement(md)
+    except ValueError as exc:
+        _log.warning("malformed placement record in the ledger's metadata; using this "
+                     "process's placement policy", ledger_id=md.ledger_id, error=str(exc))
+        return None
+
+
+def ledger_policy(bk: BookKeeper, md: LedgerMetadata) -> PlacementPolicy:
+    """The policy that chooses replacements for ``md``'s bookies: the ledger's own
+    (:func:`ledger_spec`, through ``bk.placement_for``: resolved as its creator
+    resolved it), else the client's (``bk.placement``)."""
+    spec = ledger_spec(md)
+    return bk.placement if spec is None else bk.placement_for(spec)
+
+
+def describe_placement(resolved: tuple[str, int, int, bool]) -> str:
+    """``rack-aware, at least 3 racks per write set, enforced``, of a resolved
+    :class:`~asyncbk.client.client.PlacementSpec` (``spec.resolve(config)``)."""
+    policy, racks, regions, enforce = resolved
+    if policy == "random":
+        return "random"
+    need = f"at least {racks} racks"
+    if policy == "region-aware":
+        need = f"at least {regions} regions and {racks} racks"
+    return f"{policy}, {need} per write set" + (", enforced" if enforce else "")
+
+
 async def replicate_ledger(bk: BookKeeper, ledger_id: int, available: set[BookieId],
                            writable: list[BookieId], limiter: RateLimiter,
                            stats: ReplicationStats,
@@ -79,10 +123,15 @@ async def replicate_ledger(bk: BookKeeper, ledger_id: int, available: set[Bookie
                            dry_run: bool = False) -> list[str]:
     """Copy every copyable fragment of ``ledger_id`` that has a bookie outside
     ``available`` to a replacement from ``writable``; returns what was (or, with
-    ``dry_run``, would be) done, one line per fragment."""
+    ``dry_run``, would be) done, one line per fragment.  Replacements are chosen by
+    :func:`ledger_policy`; PlacementError when the ledger's enforced placement
+    cannot be met (nothing of that fragment is copied)."""
+    from ..client.client import PlacementSpec
     from ..client.digest import DigestManager, master_key
 
     md = await bk.meta.read_ledger(ledger_id)
+    spec = ledger_spec(md)  # the ledger's own placement (None: the client's)
+    policy = bk.placement if spec is None else bk.placement_for(spec)
     unusable: set[BookieId] = set()  # registered but not answering (dead, lease not expired)
     digest = DigestManager(md.ledger_id, md.digest, md.password)
     key = master_key(md.password)
@@ -96,8 +145,17 @@ async def replicate_ledger(bk: BookKeeper, ledger_id: int, available: set[Bookie
         if not lost or is_open_tail:
             index += 1
             continue
-        new_bookies = await _pick_replacements(bk, ensemble, lost, md.write_quorum, writable,
-                                               unusable)
+        try:
+            new_bookies = await _pick_replacements(bk, policy, ensemble, lost, md.write_quorum,
+                                                   writable, unusable)
+        except PlacementError as exc:
+            own = "the ledger's own placement" if spec is not None \
+                else "this process's placement policy"
+            rule = describe_placement((spec or PlacementSpec()).resolve(bk.config))
+            raise PlacementError(
+                f"ledger {ledger_id} fragment {index} (entries {first}..{last}): no "
+                f"replacement for {', '.join(ensemble[p] for p in lost)} meets {own} "
+                f"({rule}): {exc}") from exc
         if len(new_bookies) < len(lost):
             raise NotEnoughBookiesError(
                 f"ledger {ledger_id} fragment at {first}: {len(lost)} replacement(s) needed, "
@@ -127,12 +185,14 @@ async def replicate_ledger(bk: BookKeeper, ledger_id: int, available: set[Bookie
 PROBE_TIMEOUT_S = 3.0
 
 
-async def _pick_replacements(bk: BookKeeper, ensemble: Sequence[BookieId], lost: list[int],
+async def _pick_replacements(bk: BookKeeper, policy: PlacementPolicy,
+                             ensemble: Sequence[BookieId], lost: list[int],
                              write_quorum: int, writable: list[BookieId],
                              unusable: set[BookieId]) -> list[BookieId]:
     """Replacements for the ``lost`` positions of ``ensemble`` (in that order), chosen by
-    the client's placement policy among ``writable`` bookies outside the ensemble that
-    answer as writable; fewer if too few answer.  A bookie can stay registered for a
+    ``policy`` (:func:`ledger_policy`) among ``writable`` bookies outside the ensemble
+    that answer as writable; fewer if too few answer (PlacementError if an enforced
+    policy cannot be met by those that remain).  A bookie can stay registered for a
     lease TTL after it died: each proposed one is asked first, and one that does not
     answer is left out of the next proposal."""
     current = list(ensemble)
@@ -142,8 +202,8 @@ async def _pick_replacements(bk: BookKeeper, ensemble: Sequence[BookieId], lost:
         candidates = [b for b in writable if b not in unusable and b not in ensemble]
         if len(candidates) < len(todo):
             break
-        proposal = bk.placement.replace(current, todo, write_quorum, candidates,
-                                        bk.bookies.locations())
+        proposal = policy.replace(current, todo, write_quorum, candidates,
+                                  bk.bookies.locations())
         for pos, bookie in zip(todo, proposal, strict=True):
             if await answers_writable(bk, bookie):
                 picked[pos] = bookie
@@ -280,5 +340,6 @@ async def _swap_bookies(bk: BookKeeper, md: LedgerMetadata, index: int, first: i
             md = await bk.meta.read_ledger(md.ledger_id)
 
 
-__all__ = ["RateLimiter", "ReplicationStats", "answers_writable", "lost_positions",
-           "needs_recovery_first", "replicate_ledger"]
+__all__ = ["RateLimiter", "ReplicationStats", "answers_writable", "describe_placement",
+           "ledger_policy", "ledger_spec", "lost_positions", "needs_recovery_first",
+           "replicate_ledger"]

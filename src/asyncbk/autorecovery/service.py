@@ -19,12 +19,18 @@
   ``open_ledger_grace_s`` old: a live writer would have replaced the bookie
   itself by then.  The mark is cleared when no fragment references a lost
   bookie any more (and kept, with a compare-and-swap, if a new loss was marked
-  meanwhile).
+  meanwhile).  Replacements follow the ledger's own placement when it was
+  created with one (a namespace's segments), else the client's policy.  When an
+  enforced placement cannot be met, nothing is copied and the ledger stays
+  marked: it is retried when the registered bookies change, else after a delay
+  doubling from ``worker_poll_s`` up to ``audit_interval_s`` (as BookKeeper's
+  replication worker fails and retries such a ledger later).
 * **Placement** (``fix_placement``, off by default).  The auditor also checks,
-  every ``audit_interval_s``, every ledger against the client's rack- or
-  region-aware policy with the bookies' current locations, and moves the
-  fragments that violate it to bookies the policy chooses (:mod:`.placement`),
-  one ledger at a time under its ``ledger-<id>`` lock, at the same rate limit.
+  every ``audit_interval_s``, every ledger against its own recorded placement,
+  or else the client's rack- or region-aware policy, with the bookies' current
+  locations, and moves the fragments that violate it to bookies the policy
+  chooses (:mod:`.placement`), one ledger at a time under its ``ledger-<id>``
+  lock, at the same rate limit.
   Ledgers marked under-replicated are left to the workers first; the open
   fragment of an open ledger is its writer's and is only reported.
 
@@ -43,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import BKError, MetadataError, NoSuchLedgerError
+from ..errors import BKError, MetadataError, NoSuchLedgerError, PlacementError
 from ..log import get_logger
 from ..meta.api import (
     BookieRegistry,
@@ -55,7 +61,7 @@ from ..meta.api import (
 )
 from ..meta.keys import AUDITOR_LOCK, ledger_lock
 from ..types import BookieId
-from .placement import PlacementRule, check_ledger, fix_ledger_placement
+from .placement import PlacementRule, check_ledger, fix_ledger_placement, rule_of
 from .replication import RateLimiter, ReplicationStats, needs_recovery_first, replicate_ledger
 
 AUDIT_POLL_S = 0.5
@@ -74,8 +80,9 @@ class AutoRecoveryConfig:
     rate_entries_per_s: float = 5000.0
     """Entries copied per second by one worker (0: no limit)."""
     fix_placement: bool = False
-    """The auditor also moves fragments that violate the client's rack- or region-aware
-    placement policy (given where the bookies are now) to bookies that comply."""
+    """The auditor also moves fragments that violate their ledger's own placement, or
+    else the client's rack- or region-aware placement policy (given where the bookies
+    are now), to bookies that comply."""
     lease_ttl_s: int = 10
     election_poll_s: float = 1.0
     worker_poll_s: float = 1.0
@@ -120,6 +127,9 @@ class AutoRecoveryStatus:
     placement_left: int = 0
     """Violating fragments left at the last check (open, a bookie not registered, no
     bookies to comply with, or an error)."""
+    placement_blocked: int = 0
+    """Re-replications that failed because the ledger's enforced placement could not be
+    met (the ledger stays marked under-replicated and is retried)."""
     last_error: str = ""
     clock: Clock = field(default=SYSTEM_CLOCK, repr=False, compare=False)
 
@@ -142,6 +152,7 @@ class AutoRecoveryStatus:
             "placement_violating_ledgers": self.placement_violating,
             "placement_fixed_fragments": self.placement_fixed_fragments,
             "placement_left_fragments": self.placement_left,
+            "placement_blocked_replications": self.placement_blocked,
         }
 
 
@@ -211,6 +222,9 @@ class AutoRecovery:
         self._tasks: list[asyncio.Task[None]] = []
         self._registered: dict[BookieId, Any] | None = None
         self._view_changed = asyncio.Event()
+        self._placement_retry: dict[int, tuple[float, float, frozenset[Any]]] = {}
+        """Ledger -> (when to retry, delay, registered bookies) after its enforced
+        placement could not be met."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -378,9 +392,10 @@ class AutoRecovery:
             await self.clock.sleep(self.config.audit_interval_s)
 
     async def check_placement(self) -> None:
-        """One pass of ``fix_placement``: every ledger checked, violating ones repaired."""
-        rule = self.placement_rule
-        if rule is None:
+        """One pass of ``fix_placement``: every ledger checked (against its own recorded
+        placement, or else the client's), violating ones repaired."""
+        default = self.placement_rule
+        if default is None:
             return
         view = await self._available()
         available = set(view)
@@ -395,27 +410,28 @@ class AutoRecovery:
                 md = await self.meta.read_ledger(ledger_id)
             except NoSuchLedgerError:
                 continue
-            checks = check_ledger(md, rule, locations, available)
+            rule, own = rule_of(md, default, self.bk.config)
+            checks = check_ledger(md, rule, locations, available, own_rule=own)
             if not checks:
                 continue
             violating += 1
             if not any(c.fixable for c in checks):
                 left += len(checks)
                 continue
-            left += await self._fix_placement(ledger_id, rule, available, writable,
+            left += await self._fix_placement(ledger_id, default, available, writable,
                                               len(checks))
         st = self.status
         st.placement_checks += 1
         st.placement_violating, st.placement_left = violating, left
         if violating:
-            self.log.warning("placement check: ledgers violate the placement policy",
-                             policy=rule.policy, ledgers=violating, fragments_left=left)
+            self.log.warning("placement check: ledgers violate their placement policy",
+                             policy=default.policy, ledgers=violating, fragments_left=left)
 
     async def _fix_placement(self, ledger_id: int, rule: PlacementRule,
                              available: set[BookieId], writable: list[BookieId],
                              violating: int) -> int:
-        """Repair one ledger (with ``violating`` fragments) under its lock; returns the
-        violating fragments left."""
+        """Repair one ledger (with ``violating`` fragments) under its lock, against its
+        own placement or else ``rule``; returns the violating fragments left."""
         lease_id = await self.lease.ready()
         lock = ledger_lock(ledger_id)
         owner = f"{self.id} placement"  # not this process's worker (locks are re-entrant)
@@ -452,7 +468,11 @@ class AutoRecovery:
             try:
                 marks = await self.meta.list_underreplicated()
                 self.status.underreplicated = len(marks)
+                for ledger_id in self._placement_retry.keys() - {m.ledger_id for m in marks}:
+                    del self._placement_retry[ledger_id]  # replicated elsewhere, or deleted
                 for mark in marks:
+                    if not await self._placement_retry_due(mark.ledger_id):
+                        continue
                     await self._take(mark)
             except BKError as exc:
                 self.status.last_error = str(exc)
@@ -470,6 +490,16 @@ class AutoRecovery:
         self.status.replicating = mark.ledger_id
         try:
             await self._replicate(mark)
+            self._placement_retry.pop(mark.ledger_id, None)
+        except PlacementError as exc:
+            self.status.replication.errors += 1
+            self.status.placement_blocked += 1
+            self.status.last_error = f"ledger {mark.ledger_id}: {exc}"
+            delay = await self._placement_backoff(mark.ledger_id)
+            self.log.warning("re-replication blocked by an enforced placement; the ledger "
+                             "stays under-replicated and is retried when the registered "
+                             "bookies change or after the delay", ledger_id=mark.ledger_id,
+                             retry_s=round(delay, 1), error=str(exc))
         except BKError as exc:
             self.status.replication.errors += 1
             self.status.last_error = f"ledger {mark.ledger_id}: {exc}"
@@ -479,6 +509,28 @@ class AutoRecovery:
             self.status.replicating = None
             with contextlib.suppress(BKError):
                 await self.meta.release_lock(lock, self.id)
+
+    def _registered_key(self, view: dict[BookieId, Any]) -> frozenset[Any]:
+        return frozenset((b, bool(reg.readonly)) for b, reg in view.items())
+
+    async def _placement_backoff(self, ledger_id: int) -> float:
+        """After ``ledger_id``'s enforced placement could not be met: its next delay
+        (doubling from ``worker_poll_s`` up to ``audit_interval_s``)."""
+        cap = max(self.config.audit_interval_s, self.config.worker_poll_s)
+        previous = self._placement_retry.get(ledger_id)
+        delay = min(cap, previous[1] * 2 if previous else self.config.worker_poll_s)
+        self._placement_retry[ledger_id] = (self.clock.monotonic_s() + delay, delay,
+                                            self._registered_key(await self._available()))
+        return delay
+
+    async def _placement_retry_due(self, ledger_id: int) -> bool:
+        """Whether a ledger whose enforced placement could not be met may be tried again:
+        its delay has passed, or the registered bookies changed since."""
+        retry = self._placement_retry.get(ledger_id)
+        if retry is None:
+            return True
+        return self.clock.monotonic_s() >= retry[0] or \
+            self._registered_key(await self._available()) != retry[2]
 
     async def _replicate(self, mark: UnderReplicated) -> None:
         ledger_id = mark.ledger_id

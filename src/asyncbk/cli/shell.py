@@ -90,11 +90,14 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
                 "current locations (their --rack, or --bookie-racks-file, "
                 "--bookie-racks-script). Each write set must span min(minimum, write quorum, "
                 "racks available) racks (region-aware: regions, then racks). The open "
-                "fragment of an open ledger is its writer's: reported, not moved. Exits 0 "
+                "fragment of an open ledger is its writer's: reported, not moved. A ledger "
+                "created with its own placement (a namespace's segments) is checked against "
+                "that placement; the policy options apply to the others. Exits 0 "
                 "when nothing violates the policy (with --fix: when nothing is left), 1 "
                 "otherwise. See docs/placement.md.")
     p.add_argument("--policy", choices=POLICIES, default=None,
-                   help="the policy to check against (default: --placement-policy, the "
+                   help="the policy to check the ledgers without their own placement "
+                   "against (default: --placement-policy, the "
                    "client's, itself random by default, which nothing can violate)")
     p.add_argument("--min-racks", type=_positive_int, default=None, metavar="N",
                    help="racks each write set must span (default: "
@@ -399,6 +402,7 @@ async def _placementcheck(bk: Any, args: argparse.Namespace) -> int:
         check_ledger,
         describe_available,
         fix_ledger_placement,
+        rule_of,
     )
     from ..autorecovery.replication import RateLimiter, ReplicationStats
 
@@ -411,16 +415,15 @@ async def _placementcheck(bk: Any, args: argparse.Namespace) -> int:
         "policy": rule.policy, "min_racks_per_write_quorum": rule.min_racks_per_write_quorum,
         "min_regions_per_write_quorum": rule.min_regions_per_write_quorum
         if rule.policy == "region-aware" else None}
+    note = ""
     if rule.policy == "random":
-        note = ("random placement accepts every ensemble, so no ledger can violate it"
+        # ledgers created with their own placement are still checked against it
+        note = ("random placement accepts every ensemble, so no ledger without its own "
+                "placement can violate it"
                 + ("" if given else " (the client's --placement-policy is random)")
-                + "; check against a policy with --policy rack-aware or --policy region-aware")
-        if args.json:
-            print(json.dumps({**report, "ledgers_checked": 0, "violating_ledgers": 0,
-                              "fragments": [], "note": note}, indent=2))
-        else:
-            print(note)
-        return 0
+                + "; check those against a policy with --policy rack-aware or --policy "
+                "region-aware")
+        report["note"] = note
     view = await bk.meta.list_bookies()
     available = set(view)
     writable = sorted(b for b, reg in view.items() if not reg.readonly)
@@ -429,21 +432,31 @@ async def _placementcheck(bk: Any, args: argparse.Namespace) -> int:
     ledgers = [lid async for lid in bk.list_ledgers()]
     progress = _progress("placementcheck", "ledgers checked")
     checks = []
+    own_rules = 0
     for n, lid in enumerate(ledgers, 1):
         progress(n, len(ledgers))
         try:
             md = await bk.ledger_metadata(lid)
         except NoSuchLedgerError:  # deleted meanwhile
             continue
-        checks += check_ledger(md, rule, locations, available)
+        ledger_rule, own = rule_of(md, rule, cfg)  # a ledger's own placement first
+        own_rules += own
+        checks += check_ledger(md, ledger_rule, locations, available, own_rule=own)
     violating = sorted({c.ledger_id for c in checks})
     report.update(racks=racks, ledgers_checked=len(ledgers), violating_ledgers=len(violating),
+                  ledgers_with_own_placement=own_rules,
                   fragments=[c.to_json() for c in checks])
-    over = f"{rule.describe()}; bookies: {describe_available(racks)}"
+    against = rule.describe()
+    if own_rules:
+        against = (f"its placement ({own_rules} ledger(s) with their own, the others "
+                   f"{against})")
+    over = f"{against}; bookies: {describe_available(racks)}"
     if not args.json:
         for c in checks:
-            note = f" (not movable now: {c.why_not_fixable()})" if not c.fixable else ""
-            print(f"{c.where()}, ensemble [{', '.join(c.ensemble)}]{note}:")
+            why = f" (not movable now: {c.why_not_fixable()})" if not c.fixable else ""
+            against = f"the ledger's own, {c.rule.describe()}" \
+                if c.own_rule and c.rule is not None else "the command's"
+            print(f"{c.where()}, ensemble [{', '.join(c.ensemble)}], rule: {against}{why}:")
             for v in c.violations:
                 print(f"  {v}")
     left = len(checks)
@@ -505,8 +518,12 @@ async def _placementcheck(bk: Any, args: argparse.Namespace) -> int:
         if checks:
             print(f"{len(violating)} of {len(ledgers)} ledger(s) violate the placement policy "
                   f"({len(checks)} fragment(s)); {over}; move them with --fix")
+        elif note and not own_rules:
+            print(note)
         else:
             print(f"placement OK: none of {len(ledgers)} ledger(s) violates {over}")
+        if note and checks:
+            print(note)
     if args.json:
         report["left_fragments"] = left
         print(json.dumps(report, indent=2))

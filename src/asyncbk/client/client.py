@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import json
 import random
 import ssl as ssl_module
 import time
@@ -26,8 +27,14 @@ from .ledger import LedgerHandle, ReadHandle
 from .placement import PlacementPolicy, Quarantine, make_policy
 from .recovery import LedgerRecoveryOp
 
-__all__ = ["WRITABLE_STATE", "BookKeeper", "BookieWatcher", "ClientContext", "ClientStats",
-           "PlacementSpec"]
+__all__ = ["PLACEMENT_KEY", "WRITABLE_STATE", "BookKeeper", "BookieWatcher", "ClientContext",
+           "ClientStats", "PlacementSpec", "ledger_placement", "placement_record"]
+
+PLACEMENT_KEY = "asyncbk.placement"
+"""The custom metadata key under which ``create_ledger(placement=...)`` records the
+ledger's own placement (:func:`placement_record`), so that whoever replaces its
+bookies later (auto-recovery, ``asyncbk shell recover``, the placement check) uses
+it.  Reserved: ``create_ledger`` refuses it in ``metadata``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +86,52 @@ class PlacementSpec:
         if policy == "rack-aware":
             regions = 0
         return policy, racks, regions, enforce
+
+
+_RECORD_FIELDS = {"policy": "placement_policy",
+                  "min_racks_per_write_quorum": "min_racks_per_write_quorum",
+                  "min_regions_per_write_quorum": "min_regions_per_write_quorum",
+                  "enforce": "enforce_placement"}
+"""Key in the record -> PlacementSpec field."""
+
+
+def placement_record(spec: PlacementSpec, config: ClientConfig) -> bytes:
+    """The value of :data:`PLACEMENT_KEY` for a ledger created with ``spec`` by a
+    client with ``config``: compact JSON of the resolved spec (``spec``, the client's
+    settings where it says nothing), so that it reads the same whatever the settings
+    of the client reading it; a minimum the policy ignores is ``null``, e.g.
+    ``{"policy":"rack-aware","min_racks_per_write_quorum":3,
+    "min_regions_per_write_quorum":null,"enforce":true}``."""
+    policy, racks, regions, enforce = spec.resolve(config)
+    return json.dumps({"policy": policy, "min_racks_per_write_quorum": racks or None,
+                       "min_regions_per_write_quorum": regions or None,
+                       "enforce": enforce}, separators=(",", ":")).encode()
+
+
+def ledger_placement(md: LedgerMetadata) -> PlacementSpec | None:
+    """The placement ``md``'s ledger was created with (``create_ledger(placement=...)``,
+    recorded under :data:`PLACEMENT_KEY`), None when it was created without one (it
+    follows whichever client places its bookies).  Pure.  A ``null`` or absent minimum
+    reads as None (the reading client's setting; the policy ignores it anyway when it
+    was written by :func:`placement_record`).  Raises ValueError, naming the ledger,
+    the key and the value, when the value is not such a record (hand-edited metadata):
+    callers fall back to their own policy with a warning."""
+    raw = md.custom.get(PLACEMENT_KEY)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw.decode("utf-8"))
+        if not isinstance(value, dict):
+            raise ValueError(f"a JSON object is needed, not {type(value).__name__}")
+        unknown = sorted(set(value) - set(_RECORD_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join(map(repr, unknown))}")
+        if value.get("policy") is None:
+            raise ValueError("'policy' is missing")
+        return PlacementSpec(**{_RECORD_FIELDS[k]: v for k, v in value.items()})
+    except (ValueError, TypeError) as exc:  # JSONDecodeError, UnicodeDecodeError too
+        raise ValueError(f"ledger {md.ledger_id}: custom metadata {PLACEMENT_KEY} = "
+                         f"{raw[:200]!r} is not a placement record: {exc}") from exc
 
 
 class _CountedPolicy:
@@ -251,7 +304,11 @@ class BookKeeper:
 
         ``placement``: how this ledger's ensemble, and the replacements its writer
         picks later, are chosen, instead of the client's settings (its fields left
-        None are the client's)."""
+        None are the client's).  It is recorded in the ledger's custom metadata
+        (:data:`PLACEMENT_KEY`, resolved against this client's settings), so that
+        auto-recovery, ``asyncbk shell recover`` and the placement check use it too,
+        whatever their own settings.  ``metadata`` may not use that key (ValueError);
+        without ``placement`` nothing is added."""
         if not (ensemble_size >= write_quorum >= ack_quorum >= 1):
             raise ValueError(
                 f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
@@ -265,6 +322,12 @@ class BookKeeper:
         for k, v in custom.items():
             if not isinstance(k, str) or not isinstance(v, bytes):
                 raise TypeError("custom metadata must map str to bytes")
+        if PLACEMENT_KEY in custom:
+            raise ValueError(f"custom metadata key {PLACEMENT_KEY!r} is reserved: it records "
+                             "the ledger's placement; pass placement=PlacementSpec(...) "
+                             "instead")
+        if placement is not None:
+            custom[PLACEMENT_KEY] = placement_record(placement, self.config)
         writable = await self.bookies.writable(self.config.metadata_timeout_s)
         if len(writable) < ensemble_size:
             raise NotEnoughBookiesError(
