@@ -261,3 +261,18 @@ async def test_read_for_a_copy_skips_a_replica_answering_another_message_type() 
             in str(got.value))
     assert (f"bookie {B2} answered a READ request with BookieInfoResponse instead of "
             "ReadResponse" in str(got.value))
+
+
+def test_fix_placement_with_a_random_client_checks_only_ledgers_own_placement() -> None:
+    """``--fix-placement`` with the default random policy is accepted: ledgers created
+    with their own placement are checked against it, the others accept anything."""
+    from asyncbk.autorecovery.placement import PlacementRule, check_ledger
+    from asyncbk.config import ClientConfig
+
+    bk = FakeBookKeeper(MemoryMetadataStore())
+    bk.config = ClientConfig()  # type: ignore[attr-defined]
+    ar = AutoRecovery(bk, AutoRecoveryConfig(fix_placement=True), "ar-test")  # type: ignore[arg-type]
+    assert ar.placement_rule == PlacementRule("random")
+    md = new_metadata(7, [B1, B2, B3], 2, 2, "xxh3", b"pw", None, 0)
+    one_rack = {B1: "/d/r1", B2: "/d/r1", B3: "/d/r1"}
+    assert check_ledger(md, ar.placement_rule, one_rack, [B1, B2, B3]) == []

@@ -68,6 +68,9 @@ class AutoRecoveryCollector:
                       st.placement_fixed_fragments)
         yield gauge("placement_left_fragments",
                     "violating fragments left at the last check", st.placement_left)
+        yield counter("placement_blocked_replications",
+                      "re-replications deferred: no replacement meets a ledger's enforced "
+                      "placement", st.placement_blocked)
 
 
 def routes(ar: AutoRecovery) -> list[web.RouteDef]:

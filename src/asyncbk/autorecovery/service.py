@@ -207,13 +207,11 @@ class AutoRecovery:
         self.meta: RecoveryMetadata = bk.meta
         self.config = config.validate()
         self.placement_rule: PlacementRule | None = None
-        """What ``fix_placement`` checks against: the client's placement settings."""
+        """What ``fix_placement`` checks ledgers without their own placement against:
+        the client's placement settings (random: only ledgers created with their own
+        rack- or region-aware placement are checked)."""
         if config.fix_placement:
             self.placement_rule = PlacementRule.of_client(bk.config)
-            if self.placement_rule.policy == "random":
-                raise ValueError("fix_placement needs a rack-aware or region-aware placement "
-                                 "policy in the client's settings (--placement-policy): "
-                                 "random placement accepts every ensemble")
         self.id = process_id or f"{socket.gethostname()}:{os.getpid()}"
         self.log = get_logger(component="autorecovery", autorecovery_id=self.id)
         self.status = AutoRecoveryStatus(self.id, clock=clock)

@@ -132,13 +132,6 @@ async def connect_client(args: argparse.Namespace) -> Any:
     return await BookKeeper.connect(args.metadata_uri, **security, **options)
 
 
-def _check_fix_placement(args: argparse.Namespace) -> None:
-    if getattr(args, "fix_placement", False) and \
-            (args.placement_policy or "random") == "random":
-        raise CliError("--fix-placement needs --placement-policy rack-aware or region-aware "
-                       "(random placement accepts every ensemble)")
-
-
 def _add_autorecovery_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lost-bookie-delay", "--grace-s", dest="lost_bookie_delay",
                    type=_non_negative_float, default=30.0, metavar="SECONDS",
@@ -152,9 +145,11 @@ def _add_autorecovery_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=_non_negative_float, default=5000.0, metavar="ENTRIES",
                    help="entries copied per second by this worker, 0 = no limit (default 5000)")
     p.add_argument("--fix-placement", action="store_true",
-                   help="the auditor also checks every ledger against --placement-policy "
-                   "every --audit-interval and moves fragments whose write sets violate it "
-                   "(given where the bookies are now) to bookies that comply (default: off)")
+                   help="the auditor also checks, every --audit-interval, each ledger "
+                   "against its own placement (create_ledger(placement=...), namespaces) or "
+                   "else --placement-policy (random: nothing to check), and moves fragments "
+                   "whose write sets violate it, given where the bookies are now, to bookies "
+                   "that comply (default: off)")
 
 
 def _autorecovery_config(args: argparse.Namespace) -> Any:
@@ -456,7 +451,6 @@ def cmd_bookie(args: argparse.Namespace) -> int:
                        "give --autorecovery too (the bookie's own location is --rack)")
     if args.fix_placement and not args.autorecovery:
         raise CliError("--fix-placement is an auto-recovery option: give --autorecovery too")
-    _check_fix_placement(args)
     _configure_logging(args)
     if not args.autorecovery:
         return _run(lambda: run_bookie(config))
@@ -501,7 +495,6 @@ def cmd_autorecovery(args: argparse.Namespace) -> int:
         raise CliError("--http-tls-cert is for the HTTP endpoint: give --http-port too")
     ar_config = _autorecovery_config(args)
     client_placement_options(args, read_file=True)
-    _check_fix_placement(args)
     _configure_logging(args)
 
     async def run() -> int:
