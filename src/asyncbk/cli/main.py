@@ -102,23 +102,9 @@ def client_placement_options(args: argparse.Namespace, *, read_file: bool = Fals
     """The ClientConfig settings of the options of :func:`add_client_placement_options`
     that were given, checked (ConfigError); with ``read_file``, the rack file too
     (blocking: before the event loop runs)."""
-    from ..config import ClientConfig, from_mapping
-    from ..topology import parse_rack_file
+    from .argtypes import client_options
 
-    values = {name: getattr(args, name) for name in _PLACEMENT_OPTIONS
-              if getattr(args, name, None) is not None}
-    from_mapping(ClientConfig, values, "options")
-    path = values.get("bookie_racks_file")
-    if read_file and path:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"bookie_racks_file {path} does not exist; create it or leave "
-                              "out --bookie-racks-file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"bookie_racks_file {path} cannot be read: {exc}") from None
-        parse_rack_file(text, path)
-    return values
+    return client_options(args, _PLACEMENT_OPTIONS, read_rack_file=read_file)
 
 
 async def connect_client(args: argparse.Namespace) -> Any:

@@ -30,13 +30,11 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from ...config import ClientConfig, from_mapping
-from ...errors import BKError, ConfigError
+from ...errors import BKError
 from ...stream.meta import check_namespace_name, check_stream_name
-from ...topology import parse_rack_file
+from ..argtypes import client_options
 from ..security import client_security
 from . import admin, data
 from .args import RACK_OPTIONS, add_commands
@@ -50,20 +48,7 @@ def rack_options(args: argparse.Namespace) -> dict[str, Any]:
     given, checked, the rack file read and parsed: ConfigError (naming ``file:line``
     for a bad line) before anything is contacted.  Blocking: call it before the event
     loop runs."""
-    values = {name: getattr(args, name) for name in RACK_OPTIONS
-              if getattr(args, name, None) is not None}
-    from_mapping(ClientConfig, values, "options")
-    path = values.get("bookie_racks_file")
-    if path:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"bookie_racks_file {path} does not exist; create it or leave "
-                              "out --bookie-racks-file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"bookie_racks_file {path} cannot be read: {exc}") from None
-        parse_rack_file(text, path)
-    return values
+    return client_options(args, RACK_OPTIONS)
 
 
 async def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
