@@ -21,12 +21,11 @@ import aiohttp
 import pytest
 
 from asyncbk.client.client import BookKeeper
-from asyncbk.client.quorum import write_set
 from asyncbk.meta.model import LedgerMetadata
-from asyncbk.proto import ReadRequest, ReadResponse, Status
 from asyncbk.testing.cluster import LocalCluster, free_port
 
 from .clitools import cli_env
+from .test_autorecovery import stored_everywhere
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("loop_errors"),
               pytest.mark.timeout(90)]
@@ -82,21 +81,6 @@ def violating_fragments(md: LedgerMetadata, racks: dict[str, str]) -> list[int]:
         if fewest_racks(ensemble, md.write_quorum, racks) < need:
             out.append(index)
     return out
-
-
-async def stored_everywhere(bk: BookKeeper, md: LedgerMetadata) -> bool:
-    """Whether every entry is on every bookie of its write set (asked directly)."""
-    for index, (first, ensemble) in enumerate(md.ensembles):
-        last = md.fragment_bounds(index)[1]
-        for entry_id in range(first, last + 1):
-            for p in write_set(entry_id, md.ensemble_size, md.write_quorum):
-                ch = bk.bookie_client.channel(ensemble[p])
-                resp = await ch.request(ReadRequest(ch.next_request_id(), md.ledger_id,
-                                                    entry_id, 0, b""), 5.0)
-                assert isinstance(resp, ReadResponse)
-                if resp.status != Status.OK:
-                    return False
-    return True
 
 
 def payload(lid: int, n: int) -> list[bytes]:
