@@ -25,7 +25,7 @@ from asyncbk.errors import (
     UnauthorizedAccessError,
 )
 from asyncbk.meta.model import LedgerState
-from asyncbk.proto import AddRequest, ReadFlag, ReadRequest, Status
+from asyncbk.proto import AddBatchRequest, AddRequest, ReadFlag, ReadRequest, Status
 from asyncbk.testing.sim import BlockableStore, SimCluster, run_sim
 
 PW = b"pw"
@@ -525,7 +525,7 @@ def test_s14_bookie_crash_in_the_middle_of_recovery() -> None:
         crashed: list[bool] = []
 
         def crash_on_rewrite(req: Any, conn: Any) -> None:
-            if isinstance(req, AddRequest) and req.flags and not crashed:
+            if isinstance(req, (AddRequest, AddBatchRequest)) and req.flags and not crashed:
                 crashed.append(True)
                 asyncio.get_running_loop().create_task(victim.crash(torn=True))
                 return

@@ -450,7 +450,7 @@ async def test_re_replication_replaces_from_the_right_rack_skipping_dead_bookies
         dead = {"a2:1"}
         bk = _FakeClient(RackAwarePlacement(2, True, rng=random.Random(seed)), locs, dead)
         unusable: set[str] = set()
-        got = await _pick_replacements(bk, ["a1:1", "b1:1"], [0], 2,  # type: ignore[arg-type]
-                                       sorted(locs), unusable)
+        got = await _pick_replacements(bk, bk.placement,  # type: ignore[arg-type]
+                                       ["a1:1", "b1:1"], [0], 2, sorted(locs), unusable)
         assert got == ["a3:1"]
         assert unusable <= dead

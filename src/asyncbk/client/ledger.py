@@ -123,6 +123,9 @@ class LedgerHandle(ReadHandle):
         self._submitted_length = length
         self._error: BKError | None = None
         self._closing: asyncio.Future[None] | None = None
+        self._outbox: dict[int, tuple[list[int], list[bytes]]] | None = None
+        """Sends queued this loop turn, by ensemble position: entry ids and bodies."""
+        self._outbox_lac = -1
         self._drained: asyncio.Future[None] | None = None
         """Resolved once no entry is pending (what close waits for)."""
         self._capacity = asyncio.Event()
@@ -218,17 +221,47 @@ class LedgerHandle(ReadHandle):
             self._change_task = self._loop.create_task(self._change_ensemble())
 
     def _send(self, sends: tuple[tuple[int, int], ...], lac: int) -> None:
+        """Queue ``sends`` for the end of this loop turn (:meth:`_flush_sends`), where
+        each position's entries of the turn leave as one group: one call to its
+        bookie's channel, one answer per batch, instead of a call per entry and bookie.
+        The bodies are taken now (an entry may complete before the flush)."""
+        box = self._outbox
+        if box is None:
+            box = self._outbox = {}
+            self._loop.call_soon(self._flush_sends)
+        ops = self._ops
+        first = ops[0].entry_id
+        for entry_id, pos in sends:
+            group = box.get(pos)
+            if group is None:
+                group = box[pos] = ([], [])
+            group[0].append(entry_id)
+            group[1].append(ops[entry_id - first].body)
+        if lac > self._outbox_lac:
+            self._outbox_lac = lac
+
+    def _flush_sends(self) -> None:
+        """Hand the turn's queued sends to the channels of the bookies now at their
+        positions (a position renewed meanwhile got them re-sent by the change: one
+        more copy to its new bookie is harmless)."""
+        box, self._outbox = self._outbox, None
+        lac, self._outbox_lac = self._outbox_lac, -1
+        if not box or self._error is not None:
+            return
         ensemble = self._writes.ensemble
         client = self._ctx.bookie_client
         timeout_s = self._ctx.config.add_timeout_s
         ledger_id, key, flags = self.id, self._master_key, self._add_flags
-        ops = self._ops
-        first = ops[0].entry_id
-        for entry_id, pos in sends:
+        for pos, (entry_ids, bodies) in box.items():
             bookie = ensemble[pos]
-            client.channel(bookie).send_add(ledger_id, entry_id, key, flags, lac,
-                                            ops[entry_id - first].body,
-                                            _AddCallback(self, entry_id, pos, bookie), timeout_s)
+            try:
+                channel = client.channel(bookie)
+            except BKError as exc:  # the client is closed
+                for entry_id in entry_ids:
+                    self._on_add_response(entry_id, pos, bookie, exc)
+                continue
+            channel.send_adds(ledger_id, key, flags, lac, entry_ids, bodies,
+                              _PositionTarget(self, pos, bookie), timeout_s)
 
     def _complete(self, entry_ids: tuple[int, ...]) -> None:
         ops = self._ops
@@ -602,30 +635,22 @@ def _with_fragment(fragments: tuple[Any, ...], first: int, ensemble: Ensemble,
     return tuple(out)
 
 
-class _AddCallback:
-    __slots__ = ("bookie", "entry_id", "handle", "position")
+class _PositionTarget:
+    """Where a channel hands the answers to a group of adds sent to ``bookie`` at
+    ``position`` (:meth:`LedgerHandle._flush_sends`)."""
 
-    def __init__(self, handle: LedgerHandle, entry_id: int, position: int,
-                 bookie: BookieId) -> None:
+    __slots__ = ("bookie", "handle", "position")
+
+    def __init__(self, handle: LedgerHandle, position: int, bookie: BookieId) -> None:
         self.handle = handle
-        self.entry_id = entry_id
         self.position = position
         self.bookie = bookie
 
-    def __call__(self, result: Any) -> None:
-        self.handle._on_add_response(self.entry_id, self.position, self.bookie, result)
+    def acked(self, entry_ids: list[int]) -> None:
+        self.handle._on_acks(entry_ids, self.position, self.bookie)
 
-    def acked_many(self, entry_ids: list[int], callbacks: list[Any]) -> bool:
-        """Every add of a batch (``callbacks``, this one first) acknowledged OK: if they
-        are all this handle's at this position, hand them over in one call (True);
-        else False (the channel calls each)."""
-        handle, position = self.handle, self.position
-        for cb in callbacks:
-            if cb.__class__ is not _AddCallback or cb.handle is not handle \
-                    or cb.position != position:
-                return False
-        handle._on_acks(entry_ids, position, self.bookie)
-        return True
+    def answered(self, entry_id: int, result: Any) -> None:
+        self.handle._on_add_response(entry_id, self.position, self.bookie, result)
 
 
 def _consume_error(task: asyncio.Future[None]) -> None:

@@ -102,10 +102,6 @@ class _BatchCallback:
     def __call__(self, result: Response | BKError) -> None:
         callbacks = self.callbacks
         if isinstance(result, AddBatchResponse) and len(result.statuses) == len(callbacks):
-            if not any(result.statuses):  # all OK: one call where the callbacks allow it
-                many = getattr(callbacks[0], "acked_many", None)
-                if many is not None and many(self.entry_ids, callbacks):
-                    return
             ledger_id = self.ledger_id
             for cb, status, entry_id in zip(callbacks, result.statuses, self.entry_ids,
                                             strict=True):
@@ -115,6 +111,35 @@ class _BatchCallback:
             f"malformed answer to a batch of adds: {type(result).__name__}")
         for cb in callbacks:
             cb(error)
+
+
+class _GroupCallback:
+    """Hands the answer to an ADD_BATCH of a group (:meth:`BookieChannel.send_adds`) to
+    its target: ``target.acked(entry_ids)`` when every entry is OK (one call), else
+    ``target.answered(entry_id, AddResponse or error)`` for each."""
+
+    __slots__ = ("entry_ids", "ledger_id", "target")
+
+    def __init__(self, target: Any, ledger_id: int, entry_ids: list[int]) -> None:
+        self.target = target
+        self.ledger_id = ledger_id
+        self.entry_ids = entry_ids
+
+    def __call__(self, result: Response | BKError) -> None:
+        target, entry_ids = self.target, self.entry_ids
+        if isinstance(result, AddBatchResponse) and len(result.statuses) == len(entry_ids):
+            if not any(result.statuses):
+                target.acked(entry_ids)
+                return
+            ledger_id = self.ledger_id
+            for entry_id, status in zip(entry_ids, result.statuses, strict=True):
+                target.answered(entry_id, ADD_OK if status == 0
+                                else AddResponse(0, status, ledger_id, entry_id))
+            return
+        error = result if isinstance(result, BKError) else BookieUnavailableError(
+            f"malformed answer to a batch of adds: {type(result).__name__}")
+        for entry_id in entry_ids:
+            target.answered(entry_id, error)
 
 
 class _Pending:
@@ -156,11 +181,14 @@ class BookieChannel(asyncio.Protocol):
         self._pending: dict[int, _Pending] = {}
         self._unsent: list[bytes] = []
         self._unsent_bytes = 0
-        """Bytes in ``_unsent`` and in ``_adds`` (bodies), not yet handed to the socket."""
+        """Bytes in ``_unsent``, ``_adds`` and ``_groups`` (bodies), not yet handed to
+        the socket."""
         self._paused = False
         """The transport asked us to stop writing (its buffer is over its high mark)."""
         self._adds: list[tuple[Any, ...]] = []
         """Adds of this loop turn, framed (alone or batched) at the flush."""
+        self._groups: list[tuple[Any, ...]] = []
+        """Groups of adds of this loop turn (:meth:`send_adds`), framed at the flush."""
         self._flush_scheduled = False
         self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(frame_bytes_max)
@@ -197,27 +225,31 @@ class BookieChannel(asyncio.Protocol):
 
     def _admit(self, callback: Callback) -> bool:
         """Whether a request may be queued now; if not, ``callback`` got the reason."""
+        refused = self._refusal()
+        if refused is not None:
+            callback(refused)
+            return False
+        return True
+
+    def _refusal(self) -> BKError | None:
+        """Why a request may not be queued now (None: it may; connects if need be)."""
         if self._closed:
-            callback(BookieUnavailableError(f"connection to bookie {self.bookie_id} is closed"))
-            return False
-        if len(self._pending) + len(self._adds) >= self._requests_max:
-            callback(TooManyRequestsError(
-                f"{len(self._pending)} requests already in flight to bookie {self.bookie_id}"))
-            return False
+            return BookieUnavailableError(f"connection to bookie {self.bookie_id} is closed")
+        if len(self._pending) + len(self._adds) + len(self._groups) >= self._requests_max:
+            return TooManyRequestsError(
+                f"{len(self._pending)} requests already in flight to bookie {self.bookie_id}")
         if self._unsent_bytes >= self._write_buffer_bytes_max:
-            callback(TooManyRequestsError(
+            return TooManyRequestsError(
                 f"bookie {self.bookie_id} is not reading its requests: {self._unsent_bytes} "
-                f"bytes wait to be sent (write_buffer_bytes_max {self._write_buffer_bytes_max})"))
-            return False
+                f"bytes wait to be sent (write_buffer_bytes_max {self._write_buffer_bytes_max})")
         if self._transport is None and self._connect_task is None:
             now = self._loop.time()
             if now < self._retry_at_s:
-                callback(BookieUnavailableError(
+                return BookieUnavailableError(
                     f"bookie {self.bookie_id} is unreachable ({self._last_error}); "
-                    f"retrying in {self._retry_at_s - now:.2f}s"))
-                return False
+                    f"retrying in {self._retry_at_s - now:.2f}s")
             self._connect_task = self._loop.create_task(self._connect())
-        return True
+        return None
 
     def _queued(self) -> None:
         if self._transport is not None and not self._flush_scheduled:
@@ -250,6 +282,24 @@ class BookieChannel(asyncio.Protocol):
                            self._loop.time() + timeout_s))
         self._unsent_bytes += len(body)
         self._queued()
+    def send_adds(self, ledger_id: int, master_key: bytes, flags: int, lac: int,
+                  entry_ids: list[int], bodies: list[bytes], target: Any,
+                  timeout_s: float) -> None:
+        """Queue adds of one ledger as a group, framed as ADD_BATCH requests at the flush
+        (one per ``ADD_BATCH_ENTRIES_MAX`` entries or bytes).  ``target`` gets the
+        answers: ``target.acked(entry_ids)`` for a batch all OK, else
+        ``target.answered(entry_id, AddResponse or error)`` for each entry (also for a
+        refusal, a timeout or a lost connection, possibly before this returns)."""
+        refused = self._refusal()
+        if refused is not None:
+            _GroupCallback(target, ledger_id, entry_ids)(refused)
+            return
+        nbytes = sum(map(len, bodies))
+        self._groups.append((ledger_id, master_key, flags, lac, entry_ids, bodies, target,
+                             self._loop.time() + timeout_s, nbytes))
+        self._unsent_bytes += nbytes
+        self._queued()
+
     def request(self, request: Request, timeout_s: float) -> asyncio.Future[Response]:
         """``send`` with a future: resolves to the response or raises the error."""
         fut: asyncio.Future[Response] = self._loop.create_future()
@@ -340,7 +390,7 @@ class BookieChannel(asyncio.Protocol):
                                                  self._loop.time() + self._connect_timeout_s,
                                                  Op.AUTH)
             transport.write(encode_request(AuthRequest(request_id, self._token)))
-        if self._unsent or self._adds:
+        if self._unsent or self._adds or self._groups:
             self._flush()
 
     def _auth_answered(self, result: Response | BKError) -> None:
@@ -380,14 +430,15 @@ class BookieChannel(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self._unsent or self._adds:
+        if self._unsent or self._adds or self._groups:
             self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._paused = False
         self._unsent.clear()
-        self._unsent_bytes = sum(len(add[5]) for add in self._adds)
+        self._unsent_bytes = sum(len(add[5]) for add in self._adds) + \
+            sum(group[8] for group in self._groups)
         reason = exc or self._last_error or (
             "closed by peer" if self._answered else
             "closed by the bookie before any answer (if it serves TLS, connect with ssl=...; "
@@ -443,10 +494,36 @@ class BookieChannel(asyncio.Protocol):
                                                            [a[6] for a in batch]), batch[0][7],
                                             Op.ADD_BATCH)
                 i = j
+        queued, self._groups = self._groups, []
+        for ledger_id, master_key, flags, lac, entry_ids, bodies, target, deadline, nbytes \
+                in queued:
+            count = len(entry_ids)
+            if count <= ADD_BATCH_ENTRIES_MAX and nbytes <= bytes_max:  # (the usual case)
+                rid = next(self._request_ids)
+                out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac,
+                                                    entry_ids, bodies))
+                pending[rid] = _Pending(_GroupCallback(target, ledger_id, entry_ids),
+                                        deadline, Op.ADD_BATCH)
+                continue
+            i = 0
+            while i < count:
+                j = i + 1
+                size = len(bodies[i])
+                while j < count and j - i < ADD_BATCH_ENTRIES_MAX \
+                        and size + len(bodies[j]) <= bytes_max:
+                    size += len(bodies[j])
+                    j += 1
+                rid = next(self._request_ids)
+                part = entry_ids[i:j]
+                out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac,
+                                                    part, bodies[i:j]))
+                pending[rid] = _Pending(_GroupCallback(target, ledger_id, part), deadline,
+                                        Op.ADD_BATCH)
+                i = j
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self._adds and self._transport is not None:
+        if (self._adds or self._groups) and self._transport is not None:
             self._frame_adds()
         if self._transport is None or not self._unsent or self._paused:
             return
@@ -457,8 +534,11 @@ class BookieChannel(asyncio.Protocol):
 
     def _fail_all(self, error: BKError) -> None:
         adds, self._adds = self._adds, []
+        groups, self._groups = self._groups, []
         for add in adds:
             add[6](error)
+        for group in groups:
+            _GroupCallback(group[6], group[0], group[4])(error)
         self._unsent_bytes = sum(len(piece) for piece in self._unsent)
         if not self._pending:
             return
@@ -474,7 +554,7 @@ class BookieChannel(asyncio.Protocol):
         is framed after it (``_flush``), so an empty ``_pending`` alone does not mean
         there is nothing left to watch."""
         self._sweep_handle = None
-        if not self._pending and not self._adds:
+        if not self._pending and not self._adds and not self._groups:
             return
         now = self._loop.time()
         expired = [rid for rid, p in self._pending.items() if p.deadline_s <= now]
@@ -482,13 +562,20 @@ class BookieChannel(asyncio.Protocol):
         if late:
             self._adds = [add for add in self._adds if add[7] > now]
             self._unsent_bytes -= sum(len(add[5]) for add in late)
+        late_groups = [group for group in self._groups if group[7] <= now]
+        if late_groups:
+            self._groups = [group for group in self._groups if group[7] > now]
+            self._unsent_bytes -= sum(group[8] for group in late_groups)
         self._arm_sweep()  # before the callbacks: one that raises must not stop the watch
         for rid in expired:
             entry = self._pending.pop(rid)
             entry.callback(TimeoutError(f"bookie {self.bookie_id} did not answer in time"))
+        unsent = f"not sent: {self._last_error or 'not connected'}"
         for add in late:
-            add[6](TimeoutError(f"bookie {self.bookie_id} did not answer in time (not sent: "
-                                f"{self._last_error or 'not connected'})"))
+            add[6](TimeoutError(f"bookie {self.bookie_id} did not answer in time ({unsent})"))
+        for group in late_groups:
+            _GroupCallback(group[6], group[0], group[4])(TimeoutError(
+                f"bookie {self.bookie_id} did not answer in time ({unsent})"))
 
 
 K = TypeVar("K")
