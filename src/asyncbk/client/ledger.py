@@ -123,8 +123,8 @@ class LedgerHandle(ReadHandle):
         self._submitted_length = length
         self._error: BKError | None = None
         self._closing: asyncio.Future[None] | None = None
-        self._outbox: dict[int, tuple[list[int], list[bytes]]] | None = None
-        """Sends queued this loop turn, by ensemble position: entry ids and bodies."""
+        self._outbox: dict[BookieId, tuple[int, list[int], list[bytes]]] | None = None
+        """Sends queued this loop turn, by bookie: its position, entry ids, bodies."""
         self._outbox_lac = -1
         self._drained: asyncio.Future[None] | None = None
         """Resolved once no entry is pending (what close waits for)."""
@@ -221,47 +221,48 @@ class LedgerHandle(ReadHandle):
             self._change_task = self._loop.create_task(self._change_ensemble())
 
     def _send(self, sends: tuple[tuple[int, int], ...], lac: int) -> None:
-        """Queue ``sends`` for the end of this loop turn (:meth:`_flush_sends`), where
-        each position's entries of the turn leave as one group: one call to its
-        bookie's channel, one answer per batch, instead of a call per entry and bookie.
-        The bodies are taken now (an entry may complete before the flush)."""
+        """Queue ``sends`` for the bookies now at their positions: each bookie's channel
+        takes its group (:meth:`take`) at its flush, at the end of this loop turn, so
+        the turn's entries to a bookie leave together, with one answer per batch,
+        instead of a call per entry and bookie.  The bodies are taken now (an entry may
+        complete before the flush)."""
         box = self._outbox
         if box is None:
             box = self._outbox = {}
-            self._loop.call_soon(self._flush_sends)
+        ensemble = self._writes.ensemble
         ops = self._ops
         first = ops[0].entry_id
+        new: list[BookieId] = []
         for entry_id, pos in sends:
-            group = box.get(pos)
+            bookie = ensemble[pos]
+            group = box.get(bookie)
             if group is None:
-                group = box[pos] = ([], [])
-            group[0].append(entry_id)
-            group[1].append(ops[entry_id - first].body)
+                group = box[bookie] = (pos, [], [])
+                new.append(bookie)
+            group[1].append(entry_id)
+            group[2].append(ops[entry_id - first].body)
         if lac > self._outbox_lac:
             self._outbox_lac = lac
-
-    def _flush_sends(self) -> None:
-        """Hand the turn's queued sends to the channels of the bookies now at their
-        positions (a position renewed meanwhile got them re-sent by the change: one
-        more copy to its new bookie is harmless)."""
-        box, self._outbox = self._outbox, None
-        lac, self._outbox_lac = self._outbox_lac, -1
-        if not box or self._error is not None:
-            return
-        ensemble = self._writes.ensemble
         client = self._ctx.bookie_client
-        timeout_s = self._ctx.config.add_timeout_s
-        ledger_id, key, flags = self.id, self._master_key, self._add_flags
-        for pos, (entry_ids, bodies) in box.items():
-            bookie = ensemble[pos]
-            try:
-                channel = client.channel(bookie)
-            except BKError as exc:  # the client is closed
-                for entry_id in entry_ids:
-                    self._on_add_response(entry_id, pos, bookie, exc)
-                continue
-            channel.send_adds(ledger_id, key, flags, lac, entry_ids, bodies,
-                              _PositionTarget(self, pos, bookie), timeout_s)
+        for bookie in new:  # (a channel that cannot send takes and refuses at once)
+            client.channel(bookie).add_source(self)
+
+    def take(self, bookie: BookieId) -> list[tuple[Any, ...]]:
+        """What ``bookie``'s channel sends for this handle now (see
+        :meth:`BookieChannel.add_source`): its queued group, if any."""
+        box = self._outbox
+        if box is None:
+            return []
+        group = box.pop(bookie, None)
+        lac = self._outbox_lac
+        if not box:
+            self._outbox = None
+            self._outbox_lac = -1
+        if group is None or self._error is not None:
+            return []
+        pos, entry_ids, bodies = group
+        return [(self.id, self._master_key, self._add_flags, lac, entry_ids, bodies,
+                 _PositionTarget(self, pos, bookie), self._ctx.config.add_timeout_s)]
 
     def _complete(self, entry_ids: tuple[int, ...]) -> None:
         ops = self._ops
@@ -637,7 +638,7 @@ def _with_fragment(fragments: tuple[Any, ...], first: int, ensemble: Ensemble,
 
 class _PositionTarget:
     """Where a channel hands the answers to a group of adds sent to ``bookie`` at
-    ``position`` (:meth:`LedgerHandle._flush_sends`)."""
+    ``position`` (:meth:`LedgerHandle.take`)."""
 
     __slots__ = ("bookie", "handle", "position")
 

@@ -127,6 +127,12 @@ class _GroupCallback:
 
     def __call__(self, result: Response | BKError) -> None:
         target, entry_ids = self.target, self.entry_ids
+        if isinstance(result, AddResponse) and len(entry_ids) == 1:  # a group of one: an ADD
+            if result.status == Status.OK:
+                target.acked(entry_ids)
+            else:
+                target.answered(entry_ids[0], result)
+            return
         if isinstance(result, AddBatchResponse) and len(result.statuses) == len(entry_ids):
             if not any(result.statuses):
                 target.acked(entry_ids)
@@ -189,6 +195,8 @@ class BookieChannel(asyncio.Protocol):
         """Adds of this loop turn, framed (alone or batched) at the flush."""
         self._groups: list[tuple[Any, ...]] = []
         """Groups of adds of this loop turn (:meth:`send_adds`), framed at the flush."""
+        self._sources: list[Any] = []
+        """Senders with adds for this bookie (:meth:`add_source`), asked at the flush."""
         self._flush_scheduled = False
         self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(frame_bytes_max)
@@ -300,6 +308,26 @@ class BookieChannel(asyncio.Protocol):
         self._unsent_bytes += nbytes
         self._queued()
 
+    def add_source(self, source: Any) -> None:
+        """``source.take(bookie_id)`` will be called at this loop turn's flush (or at
+        the deadline sweep, or a failure, whichever comes first) and returns groups of
+        adds for this bookie: ``(ledger_id, master_key, flags, lac, entry_ids, bodies,
+        target, timeout_s)`` tuples, queued then as by :meth:`send_adds`.  A sender
+        that queues many entries in a turn registers once and hands them over together."""
+        self._sources.append(source)
+        if self._transport is None and self._refusal() is not None:
+            self._pull_sources()  # refused (closed, backing off): the targets learn it now
+            return
+        self._queued()
+
+    def _pull_sources(self) -> None:
+        sources, self._sources = self._sources, []
+        for source in sources:
+            for ledger_id, master_key, flags, lac, entry_ids, bodies, target, timeout_s \
+                    in source.take(self.bookie_id):
+                self.send_adds(ledger_id, master_key, flags, lac, entry_ids, bodies, target,
+                               timeout_s)
+
     def request(self, request: Request, timeout_s: float) -> asyncio.Future[Response]:
         """``send`` with a future: resolves to the response or raises the error."""
         fut: asyncio.Future[Response] = self._loop.create_future()
@@ -390,7 +418,7 @@ class BookieChannel(asyncio.Protocol):
                                                  self._loop.time() + self._connect_timeout_s,
                                                  Op.AUTH)
             transport.write(encode_request(AuthRequest(request_id, self._token)))
-        if self._unsent or self._adds or self._groups:
+        if self._unsent or self._adds or self._groups or self._sources:
             self._flush()
 
     def _auth_answered(self, result: Response | BKError) -> None:
@@ -430,7 +458,7 @@ class BookieChannel(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self._unsent or self._adds or self._groups:
+        if self._unsent or self._adds or self._groups or self._sources:
             self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -498,6 +526,13 @@ class BookieChannel(asyncio.Protocol):
         for ledger_id, master_key, flags, lac, entry_ids, bodies, target, deadline, nbytes \
                 in queued:
             count = len(entry_ids)
+            if count == 1:  # an ADD: cheaper to frame and to answer than a batch of one
+                rid = next(self._request_ids)
+                out.extend(add_request_frame(rid, add_request_tail(
+                    ledger_id, entry_ids[0], master_key, flags, lac, bodies[0])))
+                pending[rid] = _Pending(_GroupCallback(target, ledger_id, entry_ids),
+                                        deadline, Op.ADD)
+                continue
             if count <= ADD_BATCH_ENTRIES_MAX and nbytes <= bytes_max:  # (the usual case)
                 rid = next(self._request_ids)
                 out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac,
@@ -522,6 +557,8 @@ class BookieChannel(asyncio.Protocol):
                 i = j
 
     def _flush(self) -> None:
+        if self._sources:  # (while _flush_scheduled holds: no second flush)
+            self._pull_sources()
         self._flush_scheduled = False
         if (self._adds or self._groups) and self._transport is not None:
             self._frame_adds()
@@ -533,6 +570,8 @@ class BookieChannel(asyncio.Protocol):
         self._transport.write(data)
 
     def _fail_all(self, error: BKError) -> None:
+        if self._sources:
+            self._closed_for_sources(error)
         adds, self._adds = self._adds, []
         groups, self._groups = self._groups, []
         for add in adds:
@@ -548,12 +587,21 @@ class BookieChannel(asyncio.Protocol):
         for entry in pending.values():
             entry.callback(error)
 
+    def _closed_for_sources(self, error: BKError) -> None:
+        """Fail what the registered sources hold for this bookie with ``error``."""
+        sources, self._sources = self._sources, []
+        for source in sources:
+            for ledger_id, _, _, _, entry_ids, _, target, _ in source.take(self.bookie_id):
+                _GroupCallback(target, ledger_id, entry_ids)(error)
+
     def _sweep(self) -> None:
         """Fail every request past its deadline, framed or still queued.  Runs while
         anything is queued or in flight: an add queued in the loop turn this runs in
         is framed after it (``_flush``), so an empty ``_pending`` alone does not mean
         there is nothing left to watch."""
         self._sweep_handle = None
+        if self._sources:  # what they hold is queued now, with its deadline
+            self._pull_sources()
         if not self._pending and not self._adds and not self._groups:
             return
         now = self._loop.time()
