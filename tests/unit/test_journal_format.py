@@ -175,3 +175,23 @@ def test_add_body_offset(records: list[jf.Record]) -> None:
         if isinstance(r, AddRecord):
             enc = encode_record(r)
             assert enc[jf.ADD_BODY_OFFSET:] == r.body
+
+
+@given(ledger_id=st.integers(0, 2**63 - 1),
+       entries=st.lists(st.tuples(st.integers(0, 2**63 - 1), st.binary(max_size=300)),
+                        max_size=20))
+def test_encode_adds_is_encode_add_for_each(ledger_id: int,
+                                            entries: list[tuple[int, bytes]]) -> None:
+    ids = [e for e, _ in entries]
+    bodies = [b for _, b in entries]
+    assert jf.encode_adds(ledger_id, ids, bodies) == [
+        jf.encode_add(ledger_id, e, b) for e, b in entries]
+
+
+def test_encode_adds_checks_the_ids() -> None:
+    with pytest.raises(ValueError):
+        jf.encode_adds(-1, [0], [b""])
+    with pytest.raises(ValueError):
+        jf.encode_adds(0, [1, 2**63], [b"", b""])
+    with pytest.raises(ValueError):
+        jf.encode_adds(0, [-1, 0], [b"", b""])

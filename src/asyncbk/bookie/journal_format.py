@@ -201,6 +201,23 @@ def encode_add(ledger_id: int, entry_id: int, body: bytes | bytearray | memoryvi
     return _frame(_ADD_TAIL.pack(TYPE_ADD, ledger_id, entry_id) + body)
 
 
+def encode_adds(ledger_id: int, entry_ids: list[int], bodies: list[bytes]) -> list[bytes]:
+    """ADD records of one ledger's entries: :func:`encode_add` for each, with the ids
+    checked once for the batch."""
+    _check_id("ledger_id", ledger_id)
+    if entry_ids:
+        _check_id("entry_id", min(entry_ids))
+        _check_id("entry_id", max(entry_ids))
+    pack_tail, pack_head, digest = _ADD_TAIL.pack, _HEAD.pack, _hash
+    out = []
+    for entry_id, body in zip(entry_ids, bodies, strict=True):
+        tail = pack_tail(TYPE_ADD, ledger_id, entry_id) + body
+        if len(tail) > RECORD_BYTES_MAX:
+            raise ValueError(f"journal record of {len(tail)} bytes exceeds {RECORD_BYTES_MAX}")
+        out.append(pack_head(len(tail), digest(tail)) + tail)
+    return out
+
+
 def encode_ledger_key(ledger_id: int, master_key: bytes) -> bytes:
     _check_id("ledger_id", ledger_id)
     return _frame(_KEY_TAIL.pack(TYPE_LEDGER_KEY, ledger_id) + master_key)

@@ -387,6 +387,10 @@ def encode_response(msg: Response) -> bytes:
     return encode_frame(_pack(msg.OP, msg))
 
 
+_INT_ONLY = {int}
+_BYTES_ONLY = {bytes}
+
+
 def _unpack(body: bytes, table: dict[int, type[Any]], kind: str) -> Any:
     try:
         arr = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=True)
@@ -411,9 +415,10 @@ def _unpack(body: bytes, table: dict[int, type[Any]], kind: str) -> Any:
             f"{kind} op {Op(op).name} needs {len(schema)} fields, got {len(values)}"
         )
     for (name, t), v in zip(schema, values, strict=True):
-        if t is _IntList:
-            if type(v) is not list or not all(
-                    type(x) is int and _INT64_MIN <= x <= _UINT64_MAX for x in v):
+        if t is _IntList:  # (type checks by set(map(type, ...)): per entry, at C speed)
+            if type(v) is not list or v and (
+                    set(map(type, v)) != _INT_ONLY or min(v) < _INT64_MIN
+                    or max(v) > _UINT64_MAX):
                 raise ProtocolError(f"{kind} op {Op(op).name} field {name} must be a list "
                                     "of integers")
             continue
@@ -423,7 +428,7 @@ def _unpack(body: bytes, table: dict[int, type[Any]], kind: str) -> Any:
             )
         if t is int and not _INT64_MIN <= cast(int, v) <= _UINT64_MAX:
             raise ProtocolError(f"{kind} op {Op(op).name} field {name} out of range")
-        if t is list and not all(type(item) is bytes for item in cast(list[Any], v)):
+        if t is list and v and set(map(type, cast(list[Any], v))) != _BYTES_ONLY:
             raise ProtocolError(f"{kind} op {Op(op).name} field {name} must hold only bytes")
     if values[0] < 0:
         raise ProtocolError(f"{kind} request_id must be >= 0")

@@ -29,6 +29,7 @@ from ..journal_format import (
     TYPE_FENCE,
     TYPE_LEDGER_KEY,
     encode_add,
+    encode_adds,
     encode_delete_ledger,
     encode_explicit_lac,
     encode_fence,
@@ -288,8 +289,7 @@ class LedgerStorage:
         self._check_open()
         if ledger_id < 0 or not entry_ids or min(entry_ids) < 0:
             raise BadRequestError(f"bad entry ids of ledger {ledger_id}")
-        records = [encode_add(ledger_id, entry_id, body)
-                   for entry_id, body in zip(entry_ids, bodies, strict=True)]
+        records = encode_adds(ledger_id, entry_ids, bodies)
         journal = self._journal
         info = self._ledgers.get(ledger_id)
         if info is None:
