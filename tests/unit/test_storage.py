@@ -774,7 +774,7 @@ def test_ledger_index_matches_a_dict(puts: list[tuple[int, int, int, int]]) -> N
 
     index, model = LedgerIndex(), {}
     for entry_id, log_id, offset, length in puts:
-        index.put(entry_id, (log_id, offset, length))
+        assert index.put(entry_id, (log_id, offset, length)) == model.get(entry_id)
         model[entry_id] = (log_id, offset, length)
         assert len(index) == len(model)
         assert index.last == max(model)

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -234,22 +235,89 @@ class Offload(Protocol):
 
 
 class _ThreadWorker:
+    """Threads serving a FIFO queue (``queue.SimpleQueue``); each call's result comes
+    back to the caller's loop with one ``call_soon_threadsafe``: lighter than
+    ``run_in_executor`` (no concurrent future chained to an asyncio one), which the
+    journal pays once per group commit."""
+
     def __init__(self, name: str, threads: int) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._name = name
+        self._count = threads
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._shut = False
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        if self._shut:
+            raise RuntimeError("cannot schedule new calls after shutdown")
+        if not self._threads:
+            self._start()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._queue.put((loop, fut, fn, args))
+        return await fut
+
+    def _start(self) -> None:
+        for i in range(self._count):
+            thread = threading.Thread(target=self._serve, name=f"{self._name}_{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _serve(self) -> None:
+        get = self._queue.get
+        while True:
+            item = get()
+            if item is None:
+                return
+            loop, fut, fn, args = item
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # handed to the caller, as run_in_executor does
+                _hand_back(loop, _set_exception, fut, exc)
+            else:
+                _hand_back(loop, _set_result, fut, result)
+            del item, fut, fn, args
 
     async def shutdown(self) -> None:
+        self._shut = True
+        for _ in self._threads:
+            self._queue.put(None)  # after every call queued so far
+        threads, self._threads = self._threads, []
         # Joining idle threads is quick but still blocking: off the loop.
-        await asyncio.to_thread(self._executor.shutdown, True)
+        await asyncio.to_thread(_join_all, threads)
 
     def abandon(self) -> None:
-        self._executor.shutdown(wait=False)
+        self._shut = True
+        for _ in self._threads:
+            self._queue.put(None)
+        self._threads = []
+
+
+def _join_all(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join()
+
+
+def _hand_back(loop: asyncio.AbstractEventLoop, setter: Callable[..., None], fut: Any,
+               value: object) -> None:
+    try:
+        loop.call_soon_threadsafe(setter, fut, value)
+    except RuntimeError:  # the loop is closed: nobody waits any more
+        pass
+
+
+def _set_result(fut: asyncio.Future[Any], value: object) -> None:
+    if not fut.done():  # (the caller may have been cancelled)
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
 
 
 class ThreadOffload:
-    """:class:`Offload` with real threads (``ThreadPoolExecutor``, ``asyncio.to_thread``)."""
+    """:class:`Offload` with real threads (a queue served by threads, ``asyncio.to_thread``)."""
 
     def worker(self, name: str, threads: int) -> Worker:
         return _ThreadWorker(name, threads)

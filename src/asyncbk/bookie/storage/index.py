@@ -127,6 +127,15 @@ class LedgerIndex:
 
     def put(self, entry_id: int, loc: Location) -> Location | None:
         """Store ``loc`` for ``entry_id``; returns the location it replaces, if any."""
+        lengths = self._lengths
+        if entry_id == len(lengths) and not self._sparse:  # the next entry (appends)
+            log_id, offset, length = loc
+            self._positions.append((log_id << 32) | offset)
+            lengths.append(length)
+            self.count += 1
+            if entry_id > self.last:
+                self.last = entry_id
+            return None
         old = self.get(entry_id)
         self._put(entry_id, loc)
         return old
