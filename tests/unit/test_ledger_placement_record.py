@@ -29,7 +29,7 @@ from asyncbk.autorecovery.replication import (
     replicate_ledger,
 )
 from asyncbk.autorecovery.service import AutoRecovery, AutoRecoveryConfig
-from asyncbk.cli.shell import _placementcheck
+from asyncbk.cli.placementcheck import placementcheck as _placementcheck
 from asyncbk.client.client import (
     PLACEMENT_KEY,
     BookKeeper,
