@@ -126,6 +126,9 @@ class LedgerHandle(ReadHandle):
         self._outbox: dict[BookieId, tuple[int, list[int], list[bytes]]] | None = None
         """Sends queued this loop turn, by bookie: its position, entry ids, bodies."""
         self._outbox_lac = -1
+        self._sender = _QueuedAdds(self)
+        """What the channels ask for the queued sends (not the handle itself: its
+        public surface stays the application's)."""
         self._drained: asyncio.Future[None] | None = None
         """Resolved once no entry is pending (what close waits for)."""
         self._capacity = asyncio.Event()
@@ -222,7 +225,7 @@ class LedgerHandle(ReadHandle):
 
     def _send(self, sends: tuple[tuple[int, int], ...], lac: int) -> None:
         """Queue ``sends`` for the bookies now at their positions: each bookie's channel
-        takes its group (:meth:`take`) at its flush, at the end of this loop turn, so
+        takes its group (:meth:`_take_adds`) at its flush, at the end of this loop turn, so
         the turn's entries to a bookie leave together, with one answer per batch,
         instead of a call per entry and bookie.  The bodies are taken now (an entry may
         complete before the flush)."""
@@ -245,9 +248,9 @@ class LedgerHandle(ReadHandle):
             self._outbox_lac = lac
         client = self._ctx.bookie_client
         for bookie in new:  # (a channel that cannot send takes and refuses at once)
-            client.channel(bookie).add_source(self)
+            client.channel(bookie).add_source(self._sender)
 
-    def take(self, bookie: BookieId) -> list[tuple[Any, ...]]:
+    def _take_adds(self, bookie: BookieId) -> list[tuple[Any, ...]]:
         """What ``bookie``'s channel sends for this handle now (see
         :meth:`BookieChannel.add_source`): its queued group, if any."""
         box = self._outbox
@@ -636,9 +639,21 @@ def _with_fragment(fragments: tuple[Any, ...], first: int, ensemble: Ensemble,
     return tuple(out)
 
 
+class _QueuedAdds:
+    """A handle's queued sends, as a channel's source (:meth:`BookieChannel.add_source`)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: LedgerHandle) -> None:
+        self.handle = handle
+
+    def take(self, bookie: BookieId) -> list[tuple[Any, ...]]:
+        return self.handle._take_adds(bookie)
+
+
 class _PositionTarget:
     """Where a channel hands the answers to a group of adds sent to ``bookie`` at
-    ``position`` (:meth:`LedgerHandle.take`)."""
+    ``position`` (:meth:`LedgerHandle._take_adds`)."""
 
     __slots__ = ("bookie", "handle", "position")
 
