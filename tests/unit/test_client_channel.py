@@ -144,6 +144,19 @@ async def test_missing_password_is_not_reported_as_a_wrong_one() -> None:
         await bk.close()
 
 
+class Answers:
+    """A target of ``send_adds`` that records each entry's answer."""
+
+    def __init__(self, got: list[Any]) -> None:
+        self.got = got
+
+    def acked(self, entry_ids: list[int]) -> None:
+        self.got.extend(("ok", e) for e in entry_ids)
+
+    def answered(self, entry_id: int, result: Any) -> None:
+        self.got.append(result)
+
+
 async def test_an_add_queued_as_the_sweep_runs_still_times_out() -> None:
     """The deadline sweep fires in the loop turn in which an add is queued but not yet
     framed (framing runs at the end of the turn): it found no request in flight and
@@ -153,7 +166,7 @@ async def test_an_add_queued_as_the_sweep_runs_still_times_out() -> None:
     first = next(iter(ch._pending))
     ch.cancel(first)  # nothing in flight; the sweep started by that send is still armed
     got: list[Any] = []
-    ch.send_add(1, 0, b"k", 0, -1, b"body", got.append, 0.1)
+    ch.send_adds(1, b"k", 0, -1, [0], [b"body"], Answers(got), 0.1)
     assert ch._sweep_handle is not None
     ch._sweep_handle.cancel()
     ch._sweep()  # the armed sweep fires now, before this turn's flush frames the add
@@ -174,7 +187,7 @@ async def test_an_add_that_never_leaves_the_queue_times_out() -> None:
     ch = BookieChannel("b:1", connector=connector, frame_bytes_max=1 << 20, requests_max=10,
                        connect_timeout_s=30.0, reconnect_backoff_s_max=0.1)
     got: list[Any] = []
-    ch.send_add(1, 0, b"k", 0, -1, b"body", got.append, 0.1)
+    ch.send_adds(1, b"k", 0, -1, [0], [b"body"], Answers(got), 0.1)
     await asyncio.sleep(0.4)
     assert len(got) == 1 and "not sent" in str(got[0])
     assert ch.buffered_bytes == 0

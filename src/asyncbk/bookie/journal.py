@@ -289,13 +289,7 @@ class Journal:
         TooManyRequestsError if the queue is full, BookieIOError if the
         journal failed or is closed.
         """
-        self.ensure_room()
-        loop = self._loop
-        if loop is None:
-            raise BookieIOError("journal not started")
-        fut: asyncio.Future[None] = loop.create_future()
-        self._enqueue(record, item, fut, loop)
-        return fut
+        return self.append_batch([record], [item])
 
     def append_batch(self, records: list[bytes], items: list[Any]) -> asyncio.Future[None]:
         """Queue ``records`` (with their ``items``) in order, with one future: it
@@ -304,52 +298,42 @@ class Journal:
         count = len(records)
         if count == 0 or count != len(items):
             raise ValueError(f"append_batch of {count} records and {len(items)} items")
-        self.ensure_room(count)
-        loop = self._loop
-        if loop is None:
-            raise BookieIOError("journal not started")
+        loop = self._ready(count)
         fut: asyncio.Future[None] = loop.create_future()
-        q = self._queue
-        was_empty = not q
-        now = loop.time()
-        last = count - 1
-        nbytes = 0
-        for i, record in enumerate(records):
-            q.append((record, items[i], fut if i == last else None, now))
-            nbytes += len(record)
-        self._queued_bytes += nbytes
-        self._pending += count
-        if self._pending > self._pending_peak:
-            self._pending_peak = self._pending
-        if was_empty or len(q) >= self._entries_max or self._queued_bytes >= self._bytes_max:
-            self._wakeup.set()
+        self._enqueue(records, items, fut, loop)
         return fut
 
     def append_unacked(self, record: bytes, item: Any = None) -> None:
         """Like :meth:`append` without a future: for records whose durability
         is covered by a later record's future (the journal is FIFO)."""
-        self.ensure_room()
+        self._enqueue([record], [item], None, self._ready(1))
+
+    def _ready(self, count: int) -> asyncio.AbstractEventLoop:
+        """The loop, once ``count`` more records may be queued (else raise)."""
+        self.ensure_room(count)
         loop = self._loop
         if loop is None:
             raise BookieIOError("journal not started")
-        self._enqueue(record, item, None, loop)
+        return loop
 
-    def _enqueue(
-        self,
-        record: bytes,
-        item: Any,
-        fut: asyncio.Future[None] | None,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
+    def _enqueue(self, records: list[bytes], items: list[Any],
+                 fut: asyncio.Future[None] | None, loop: asyncio.AbstractEventLoop) -> None:
+        """Queue ``records``, ``fut`` riding with the last."""
         q = self._queue
-        q.append((record, item, fut, loop.time()))
-        self._queued_bytes += len(record)
-        self._pending += 1
+        was_empty = not q
+        now = loop.time()
+        last = len(records) - 1
+        nbytes = 0
+        for i, record in enumerate(records):
+            q.append((record, items[i], fut if i == last else None, now))
+            nbytes += len(record)
+        self._queued_bytes += nbytes
+        self._pending += len(records)
         if self._pending > self._pending_peak:
             self._pending_peak = self._pending
         # Wake the writer only when it can act: the queue just became
         # non-empty, or a size limit was crossed while it waits for a group.
-        if len(q) == 1 or len(q) >= self._entries_max or self._queued_bytes >= self._bytes_max:
+        if was_empty or len(q) >= self._entries_max or self._queued_bytes >= self._bytes_max:
             self._wakeup.set()
 
     async def wait_for_space(self) -> None:

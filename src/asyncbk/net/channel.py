@@ -89,30 +89,6 @@ ADD_OK = AddResponse(0, Status.OK, 0, 0)
 status are read)."""
 
 
-class _BatchCallback:
-    """Hands each add of an ADD_BATCH its own answer (or the batch's error)."""
-
-    __slots__ = ("callbacks", "entry_ids", "ledger_id")
-
-    def __init__(self, ledger_id: int, entry_ids: list[int], callbacks: list[Any]) -> None:
-        self.ledger_id = ledger_id
-        self.entry_ids = entry_ids
-        self.callbacks = callbacks
-
-    def __call__(self, result: Response | BKError) -> None:
-        callbacks = self.callbacks
-        if isinstance(result, AddBatchResponse) and len(result.statuses) == len(callbacks):
-            ledger_id = self.ledger_id
-            for cb, status, entry_id in zip(callbacks, result.statuses, self.entry_ids,
-                                            strict=True):
-                cb(ADD_OK if status == 0 else AddResponse(0, status, ledger_id, entry_id))
-            return
-        error = result if isinstance(result, BKError) else BookieUnavailableError(
-            f"malformed answer to a batch of adds: {type(result).__name__}")
-        for cb in callbacks:
-            cb(error)
-
-
 class _GroupCallback:
     """Hands the answer to an ADD_BATCH of a group (:meth:`BookieChannel.send_adds`) to
     its target: ``target.acked(entry_ids)`` when every entry is OK (one call), else
@@ -187,12 +163,9 @@ class BookieChannel(asyncio.Protocol):
         self._pending: dict[int, _Pending] = {}
         self._unsent: list[bytes] = []
         self._unsent_bytes = 0
-        """Bytes in ``_unsent``, ``_adds`` and ``_groups`` (bodies), not yet handed to
-        the socket."""
+        """Bytes in ``_unsent`` and ``_groups`` (bodies), not yet handed to the socket."""
         self._paused = False
         """The transport asked us to stop writing (its buffer is over its high mark)."""
-        self._adds: list[tuple[Any, ...]] = []
-        """Adds of this loop turn, framed (alone or batched) at the flush."""
         self._groups: list[tuple[Any, ...]] = []
         """Groups of adds of this loop turn (:meth:`send_adds`), framed at the flush."""
         self._sources: list[Any] = []
@@ -243,7 +216,7 @@ class BookieChannel(asyncio.Protocol):
         """Why a request may not be queued now (None: it may; connects if need be)."""
         if self._closed:
             return BookieUnavailableError(f"connection to bookie {self.bookie_id} is closed")
-        if len(self._pending) + len(self._adds) + len(self._groups) >= self._requests_max:
+        if len(self._pending) + len(self._groups) >= self._requests_max:
             return TooManyRequestsError(
                 f"{len(self._pending)} requests already in flight to bookie {self.bookie_id}")
         if self._unsent_bytes >= self._write_buffer_bytes_max:
@@ -279,17 +252,6 @@ class BookieChannel(asyncio.Protocol):
         self._unsent_bytes += sum(len(piece) for piece in frame)
         self._queued()
 
-    def send_add(self, ledger_id: int, entry_id: int, master_key: bytes, flags: int, lac: int,
-                 body: bytes, callback: Callback, timeout_s: float) -> None:
-        """Queue an ADD.  The adds of one loop turn to each ledger leave as ADD_BATCH
-        frames (one decode and one answer for many entries); a lone add as an ADD.
-        ``callback`` gets an AddResponse (only its status counts) or the error."""
-        if not self._admit(callback):
-            return
-        self._adds.append((ledger_id, master_key, flags, lac, entry_id, body, callback,
-                           self._loop.time() + timeout_s))
-        self._unsent_bytes += len(body)
-        self._queued()
     def send_adds(self, ledger_id: int, master_key: bytes, flags: int, lac: int,
                   entry_ids: list[int], bodies: list[bytes], target: Any,
                   timeout_s: float) -> None:
@@ -418,7 +380,7 @@ class BookieChannel(asyncio.Protocol):
                                                  self._loop.time() + self._connect_timeout_s,
                                                  Op.AUTH)
             transport.write(encode_request(AuthRequest(request_id, self._token)))
-        if self._unsent or self._adds or self._groups or self._sources:
+        if self._unsent or self._groups or self._sources:
             self._flush()
 
     def _auth_answered(self, result: Response | BKError) -> None:
@@ -458,15 +420,14 @@ class BookieChannel(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self._unsent or self._adds or self._groups or self._sources:
+        if self._unsent or self._groups or self._sources:
             self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._paused = False
         self._unsent.clear()
-        self._unsent_bytes = sum(len(add[5]) for add in self._adds) + \
-            sum(group[8] for group in self._groups)
+        self._unsent_bytes = sum(group[8] for group in self._groups)
         reason = exc or self._last_error or (
             "closed by peer" if self._answered else
             "closed by the bookie before any answer (if it serves TLS, connect with ssl=...; "
@@ -480,87 +441,50 @@ class BookieChannel(asyncio.Protocol):
     # ------------------------------------------------------------ internals
 
     def _frame_adds(self) -> None:
-        """Turn the queued adds into frames (in ``_unsent``) and pending requests: the
-        adds to each ledger (same key and flags), in order, in batches."""
-        adds, self._adds = self._adds, []
-        groups: dict[tuple[int, bytes, int], list[tuple[Any, ...]]] = {}
-        for add in adds:
-            key = (add[0], add[1], add[2])
-            group = groups.get(key)
-            if group is None:
-                groups[key] = [add]
-            else:
-                group.append(add)
+        """Turn the queued groups of adds into frames (in ``_unsent``) and pending
+        requests: each group as ADD_BATCH requests of at most ``ADD_BATCH_ENTRIES_MAX``
+        entries and ``bytes_max`` of bodies (an entry near the frame limit goes on its
+        own, or the batch's frame would pass the bookie's limit); a lone entry as an
+        ADD, cheaper to frame and to answer than a batch of one."""
         pending = self._pending
         out = self._unsent
         bytes_max = min(ADD_BATCH_BYTES_MAX, self._frame_bytes_max // 2)
-        for (ledger_id, master_key, flags), group in groups.items():
-            i = 0
-            while i < len(group):
-                j = i + 1
-                size = len(group[i][5])
-                # A batch never holds more than bytes_max of bodies (unless it is one
-                # entry): an entry near the frame limit goes on its own, or the
-                # batch's frame would pass the bookie's limit.
-                while j < len(group) and j - i < ADD_BATCH_ENTRIES_MAX \
-                        and size + len(group[j][5]) <= bytes_max:
-                    size += len(group[j][5])
-                    j += 1
-                rid = next(self._request_ids)
-                if j == i + 1:
-                    _, _, _, lac, entry_id, body, callback, deadline = group[i]
-                    out.extend(add_request_frame(rid, add_request_tail(
-                        ledger_id, entry_id, master_key, flags, lac, body)))
-                    pending[rid] = _Pending(callback, deadline, Op.ADD)
-                else:
-                    batch = group[i:j]
-                    entry_ids = [a[4] for a in batch]
-                    out.append(encode_add_batch_request(
-                        rid, ledger_id, master_key, flags, max(a[3] for a in batch), entry_ids,
-                        [a[5] for a in batch]))
-                    pending[rid] = _Pending(_BatchCallback(ledger_id, entry_ids,
-                                                           [a[6] for a in batch]), batch[0][7],
-                                            Op.ADD_BATCH)
-                i = j
         queued, self._groups = self._groups, []
         for ledger_id, master_key, flags, lac, entry_ids, bodies, target, deadline, nbytes \
                 in queued:
             count = len(entry_ids)
-            if count == 1:  # an ADD: cheaper to frame and to answer than a batch of one
-                rid = next(self._request_ids)
-                out.extend(add_request_frame(rid, add_request_tail(
-                    ledger_id, entry_ids[0], master_key, flags, lac, bodies[0])))
-                pending[rid] = _Pending(_GroupCallback(target, ledger_id, entry_ids),
-                                        deadline, Op.ADD)
-                continue
             if count <= ADD_BATCH_ENTRIES_MAX and nbytes <= bytes_max:  # (the usual case)
+                parts = [(entry_ids, bodies)]
+            else:
+                parts = []
+                i = 0
+                while i < count:
+                    j = i + 1
+                    size = len(bodies[i])
+                    while j < count and j - i < ADD_BATCH_ENTRIES_MAX \
+                            and size + len(bodies[j]) <= bytes_max:
+                        size += len(bodies[j])
+                        j += 1
+                    parts.append((entry_ids[i:j], bodies[i:j]))
+                    i = j
+            for ids, part in parts:
                 rid = next(self._request_ids)
-                out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac,
-                                                    entry_ids, bodies))
-                pending[rid] = _Pending(_GroupCallback(target, ledger_id, entry_ids),
-                                        deadline, Op.ADD_BATCH)
-                continue
-            i = 0
-            while i < count:
-                j = i + 1
-                size = len(bodies[i])
-                while j < count and j - i < ADD_BATCH_ENTRIES_MAX \
-                        and size + len(bodies[j]) <= bytes_max:
-                    size += len(bodies[j])
-                    j += 1
-                rid = next(self._request_ids)
-                part = entry_ids[i:j]
-                out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac,
-                                                    part, bodies[i:j]))
-                pending[rid] = _Pending(_GroupCallback(target, ledger_id, part), deadline,
-                                        Op.ADD_BATCH)
-                i = j
+                if len(ids) == 1:
+                    out.extend(add_request_frame(rid, add_request_tail(
+                        ledger_id, ids[0], master_key, flags, lac, part[0])))
+                    pending[rid] = _Pending(_GroupCallback(target, ledger_id, ids), deadline,
+                                            Op.ADD)
+                else:
+                    out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac,
+                                                        ids, part))
+                    pending[rid] = _Pending(_GroupCallback(target, ledger_id, ids), deadline,
+                                            Op.ADD_BATCH)
 
     def _flush(self) -> None:
         if self._sources:  # (while _flush_scheduled holds: no second flush)
             self._pull_sources()
         self._flush_scheduled = False
-        if (self._adds or self._groups) and self._transport is not None:
+        if self._groups and self._transport is not None:
             self._frame_adds()
         if self._transport is None or not self._unsent or self._paused:
             return
@@ -572,10 +496,7 @@ class BookieChannel(asyncio.Protocol):
     def _fail_all(self, error: BKError) -> None:
         if self._sources:
             self._closed_for_sources(error)
-        adds, self._adds = self._adds, []
         groups, self._groups = self._groups, []
-        for add in adds:
-            add[6](error)
         for group in groups:
             _GroupCallback(group[6], group[0], group[4])(error)
         self._unsent_bytes = sum(len(piece) for piece in self._unsent)
@@ -602,14 +523,10 @@ class BookieChannel(asyncio.Protocol):
         self._sweep_handle = None
         if self._sources:  # what they hold is queued now, with its deadline
             self._pull_sources()
-        if not self._pending and not self._adds and not self._groups:
+        if not self._pending and not self._groups:
             return
         now = self._loop.time()
         expired = [rid for rid, p in self._pending.items() if p.deadline_s <= now]
-        late = [add for add in self._adds if add[7] <= now]
-        if late:
-            self._adds = [add for add in self._adds if add[7] > now]
-            self._unsent_bytes -= sum(len(add[5]) for add in late)
         late_groups = [group for group in self._groups if group[7] <= now]
         if late_groups:
             self._groups = [group for group in self._groups if group[7] > now]
@@ -619,8 +536,6 @@ class BookieChannel(asyncio.Protocol):
             entry = self._pending.pop(rid)
             entry.callback(TimeoutError(f"bookie {self.bookie_id} did not answer in time"))
         unsent = f"not sent: {self._last_error or 'not connected'}"
-        for add in late:
-            add[6](TimeoutError(f"bookie {self.bookie_id} did not answer in time ({unsent})"))
         for group in late_groups:
             _GroupCallback(group[6], group[0], group[4])(TimeoutError(
                 f"bookie {self.bookie_id} did not answer in time ({unsent})"))
