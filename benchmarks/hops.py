@@ -1,0 +1,265 @@
+"""Every hop of a sequential append, timed: from ``append`` to the awaiting code.
+
+Copies ``src/`` to a temporary directory, puts a timestamp mark at each hop
+(``time.perf_counter_ns``: CLOCK_MONOTONIC, one clock for every process on the
+machine) into the copy only, and runs a local cluster from it (etcd + 3 bookie
+processes, E=3 Qw=3 Qa=2, journals fdatasync'd before every acknowledgement)
+with one append in flight at a time. Each process writes its marks at exit; the
+script lines them up per entry and prints the median and mean of every hop of
+the bookie whose answer completed the ack quorum (the second of three), and of
+the client around it. The package itself carries no marks.
+
+    python benchmarks/hops.py [--entries 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (file under src/asyncbk, a unique anchor, mark name, "before" or "after" the anchor)
+MARKS: list[tuple[str, str, str, str]] = [
+    ("client/ledger.py", 'if self._recovery:\n            raise LedgerClosedError(f"ledger {self.id} '
+     'is being recovered")', "c_append", "before"),
+    ("net/channel.py", "        self._unsent_bytes = 0\n        self._transport.write(data)",
+     "c_write", "inside"),
+    ("net/channel.py", "    def data_received(self, data: bytes) -> None:\n        self._answered = True",
+     "c_recv", "after"),
+    ("client/ledger.py", "op.future.set_result(entry_id)", "c_resolve", "before"),
+    ("net/server.py", "    def data_received(self, data: bytes) -> None:\n        try:\n"
+     "            bodies = self._decoder.feed(data)", "b_recv", "inside"),
+    ("bookie/journal.py", "        q = self._queue\n        was_empty = not q", "b_enq", "before"),
+    ("bookie/journal.py", "result = await self._worker.run(self._write_batch, records, items)",
+     "b_flush", "before"),
+    ("bookie/journal.py", 'buf = records[0] if len(records) == 1 else b"".join(records)',
+     "b_thread", "before"),
+    ("bookie/journal.py", "            t1 = time.perf_counter()\n            if self._sync:",
+     "b_written", "inside"),
+    ("bookie/journal.py", "self.io.fdatasync(self._fd)", "b_synced", "after"),
+    ("bookie/journal.py", "sink_result = self._sink.apply_in_writer(records, items) if "
+     "self._sink else None", "b_applied", "after"),
+    ("bookie/fileio.py", "        loop.call_soon_threadsafe(setter, fut, value)", "b_handback",
+     "before"),
+    ("bookie/fileio.py", "def _set_result(fut: asyncio.Future[Any], value: object) -> None:\n"
+     "    if not fut.done():", "b_back", "inside"),
+    ("bookie/journal.py", "        if self._failed is not None:  # failed from outside (fail) "
+     "meanwhile", "b_resumed", "before"),
+    ("net/server.py", "        self.inflight -= 1\n        if self._reading_paused_by and "
+     "self.inflight <= self._server.requests_resume_at", "b_respond", "before"),
+    ("net/server.py", "        self._out.clear()\n        self._transport.write(data)", "b_send",
+     "inside"),
+]
+
+# the hops, in order, with what each one is
+HOPS = [
+    ("c_append", "c_write", "client: append, envelope, frame, up to the socket write"),
+    ("c_write", "b_recv", "socket write, loopback, the bookie process waking up"),
+    ("b_recv", "b_enq", "bookie: decode, checks, storage, journal record queued"),
+    ("b_enq", "b_flush", "bookie: the journal task wakes (one loop turn)"),
+    ("b_flush", "b_thread", "hand-off to the journal thread (thread wake-up)"),
+    ("b_thread", "b_written", "journal write(2)"),
+    ("b_written", "b_synced", "journal fdatasync(2)"),
+    ("b_synced", "b_applied", "entry log append (after the fsync, before the ack)"),
+    ("b_applied", "b_handback", "journal thread: batch result"),
+    ("b_handback", "b_back", "hand-back to the event loop (loop wake-up)"),
+    ("b_back", "b_resumed", "bookie: the journal task resumes (one loop turn)"),
+    ("b_resumed", "b_respond", "bookie: index update, futures, answer encoded"),
+    ("b_respond", "b_send", "bookie: the answer's socket write (one loop turn)"),
+    ("b_send", "c_recv2", "socket write, loopback, the client process waking up"),
+    ("c_recv2", "c_resolve", "client: decode, ack quorum, ledger bookkeeping"),
+    ("c_resolve", "c_resumed", "client: the awaiting coroutine resumes (one loop turn)"),
+]
+
+TRACE_MODULE = '''
+import atexit, os, time
+EVENTS = []
+_ns = time.perf_counter_ns
+def mark(name):
+    EVENTS.append((name, _ns()))
+def _dump():
+    out = os.environ.get("ASYNCBK_HOPS_DIR")
+    if out and EVENTS:
+        with open(os.path.join(out, f"marks-{os.getpid()}.txt"), "w") as f:
+            f.writelines(f"{n} {t}\\n" for n, t in EVENTS)
+atexit.register(_dump)
+'''
+
+WORKLOAD = '''
+import os, sys, tempfile
+from pathlib import Path
+import uvloop
+from asyncbk import _hops
+from asyncbk.testing import LocalCluster
+
+async def main(n):
+    with tempfile.TemporaryDirectory() as d:
+        async with LocalCluster(data_dir=Path(d) / "c", bookies=3) as c:
+            bk = await c.client()
+            lh = await bk.create_ledger(3, 3, 2)
+            data = b"x" * 1024
+            for _ in range(300):
+                await lh.append(data)
+            _hops.EVENTS.clear()
+            _hops.mark("c_begin")
+            for _ in range(n):
+                await lh.append(data)
+                _hops.mark("c_resumed")
+            _hops.mark("c_end")
+            await lh.close()
+
+uvloop.run(main(int(sys.argv[1])))
+'''
+
+
+def instrumented_copy(dest: Path) -> Path:
+    src = dest / "src"
+    shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
+    pkg = src / "asyncbk"
+    (pkg / "_hops.py").write_text(TRACE_MODULE)
+    texts: dict[str, str] = {}
+    for rel, anchor, name, where in MARKS:
+        text = texts.get(rel) or (pkg / rel).read_text()
+        if text.count(anchor) != 1:
+            sys.exit(f"hops.py: the anchor for {name} is not exactly once in src/asyncbk/{rel} "
+                     "(the code changed): update MARKS")
+        lines = anchor.split("\n")
+        if where == "before":
+            start = text.index(anchor)
+            line_start = text.rfind("\n", 0, start) + 1
+            indent = text[line_start:start] or lines[0][: len(lines[0]) - len(lines[0].lstrip())]
+            at = start if text[line_start:start] else start + len(indent)
+            text = text[:at] + f"_hops_mark({name!r})\n{indent}" + text[at:]
+        elif where == "after":
+            last = lines[-1]
+            indent = last[: len(last) - len(last.lstrip())]
+            if not indent:
+                start = text.index(anchor)
+                line_start = text.rfind("\n", 0, start) + 1
+                indent = text[line_start:start]
+            text = text.replace(anchor, f"{anchor}\n{indent}_hops_mark({name!r})")
+        else:  # inside: after the first line (a def or a statement the mark must follow)
+            nxt = lines[1]
+            indent = nxt[: len(nxt) - len(nxt.lstrip())]
+            text = text.replace(anchor, "\n".join(
+                [lines[0], f"{indent}_hops_mark({name!r})", *lines[1:]]))
+        texts[rel] = text
+    for rel, text in texts.items():
+        text = text.replace("from __future__ import annotations\n",
+                            "from __future__ import annotations\n\n"
+                            "from asyncbk._hops import mark as _hops_mark\n", 1)
+        (pkg / rel).write_text(text)
+    return src
+
+
+def load(out: Path) -> tuple[list[tuple[str, int]], list[list[tuple[str, int]]]]:
+    client, bookies = None, []
+    for f in sorted(out.glob("marks-*.txt")):
+        events = [(line.split()[0], int(line.split()[1])) for line in f.read_text().splitlines()]
+        if any(n == "c_begin" for n, _ in events):
+            client = events
+        else:
+            bookies.append(events)
+    if client is None or len(bookies) != 3:
+        sys.exit("hops.py: the marks of the client and the 3 bookies were not all written")
+    return client, bookies
+
+
+def first(events: list[tuple[str, int]], times: list[int], name: str, after: int,
+          before: int | None = None) -> int | None:
+    for n, t in events[bisect.bisect_left(times, after):]:
+        if before is not None and t >= before:
+            return None
+        if n == name:
+            return t
+    return None
+
+
+def analyse(client: list[tuple[str, int]], bookies: list[list[tuple[str, int]]]) -> None:
+    begin = next(t for n, t in client if n == "c_begin")
+    end = next(t for n, t in client if n == "c_end")
+    client = [(n, t) for n, t in client if begin <= t <= end]
+    ctimes = [t for _, t in client]
+    starts = [t for n, t in client if n == "c_append"]
+    bt = [[t for _, t in ev] for ev in bookies]
+    brecv = [[t for n, t in ev if n == "b_recv"] for ev in bookies]
+    bookie_names = [h[1] for h in HOPS[1:13]]
+    per_hop: dict[str, list[int]] = collections.defaultdict(list)
+    totals: list[int] = []
+    skipped = 0
+    for k, t0 in enumerate(starts):
+        t_next = starts[k + 1] if k + 1 < len(starts) else end
+        at = {"c_append": t0}
+        for name in ("c_write", "c_resolve", "c_resumed"):
+            at[name] = first(client, ctimes, name, t0, t_next) or 0
+        if not all(at.values()):
+            skipped += 1
+            continue
+        answers = []
+        for ev, times, recvs in zip(bookies, bt, brecv, strict=True):
+            i = bisect.bisect_left(recvs, at["c_write"])
+            if i == len(recvs):
+                break
+            seq, prev = {"b_recv": recvs[i]}, recvs[i]
+            for name in bookie_names[1:]:
+                t = first(ev, times, name, prev)
+                if t is None:
+                    break
+                seq[name] = prev = t
+            else:
+                answers.append(seq)
+        if len(answers) < 2:
+            skipped += 1
+            continue
+        answers.sort(key=lambda s: s["b_send"])
+        quorum = answers[1]  # the answer that completed the ack quorum (Qa 2)
+        recv2 = first(client, ctimes, "c_recv", quorum["b_send"], at["c_resolve"] + 1)
+        if recv2 is None:
+            skipped += 1
+            continue
+        at |= quorum
+        at["c_recv2"] = recv2
+        for a, b, what in HOPS:
+            per_hop[what].append(at[b] - at[a])
+        totals.append(at["c_resumed"] - t0)
+    print(f"{len(totals)} appends lined up ({skipped} left out: a mark missing or out of order)")
+    print(f"{'hop':60s} {'p50 us':>8s} {'mean us':>8s}")
+    for _, _, what in HOPS:
+        v = sorted(per_hop[what])
+        print(f"{what:60s} {v[len(v) // 2] / 1e3:8.1f} {sum(v) / len(v) / 1e3:8.1f}")
+    v = sorted(totals)
+    print(f"{'append to the awaiting code resumed':60s} {v[len(v) // 2] / 1e3:8.1f} "
+          f"{sum(v) / len(v) / 1e3:8.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--entries", type=int, default=2000,
+                        help="sequential appends measured (default: 2000)")
+    args = parser.parse_args()
+    if args.entries < 10:
+        parser.error("--entries must be at least 10")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        src = instrumented_copy(work)
+        out = work / "marks"
+        out.mkdir()
+        script = work / "workload.py"
+        script.write_text(textwrap.dedent(WORKLOAD))
+        env = {**os.environ, "PYTHONPATH": str(src), "ASYNCBK_HOPS_DIR": str(out)}
+        subprocess.run([sys.executable, str(script), str(args.entries)], env=env, check=True,
+                       timeout=600)
+        analyse(*load(out))
+
+
+if __name__ == "__main__":
+    main()
