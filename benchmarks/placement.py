@@ -53,7 +53,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from asyncbk.cli.bench import Recorder, latency_json, new_histogram, versions
+from asyncbk.cli.bench_record import Recorder, latency_json, new_histogram, versions
 from asyncbk.client.placement import make_policy, write_set_spread
 from asyncbk.errors import BKError
 from asyncbk.local.network import Latency, Topology, network_unavailable

@@ -34,15 +34,8 @@ import time
 from typing import Any
 
 from ..errors import BKError
-from .bench import (
-    Progress,
-    Recorder,
-    _self_cpu_s,
-    bench_cluster,
-    latency_json,
-    measured,
-    save,
-)
+from .bench import bench_cluster, save
+from .bench_record import Progress, Recorder, latency_json, measured, self_cpu_s
 from .main import CliError
 
 OPEN_LOOP_TICK_S = 0.001
@@ -256,7 +249,7 @@ async def run_stream_bench(args: argparse.Namespace) -> int:
         try:
             monitor.start()
             facts = await _workload(bk, reader_bk, args, rec, ack)
-            cpu_percent = {"client": 100 * (_self_cpu_s() - rec.cpu0) / rec.elapsed,
+            cpu_percent = {"client": 100 * (self_cpu_s() - rec.cpu0) / rec.elapsed,
                            **monitor.cpu_percent(rec.wall_t0, rec.wall_t0 + rec.elapsed)}
         finally:
             if reader_bk is not bk:

@@ -555,7 +555,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload not in ("write", "read", "stream"):
         raise CliError("choose a workload: asyncbk bench write --help, asyncbk bench read "
                        "--help, asyncbk bench stream --help")
-    from .bench import check_extras, run_bench
+    from .bench import run_bench
+    from .bench_record import check_extras
 
     check_extras(args)  # before anything is started
 
