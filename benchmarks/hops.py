@@ -132,26 +132,19 @@ def instrumented_copy(dest: Path) -> Path:
         if text.count(anchor) != 1:
             sys.exit(f"hops.py: the anchor for {name} is not exactly once in src/asyncbk/{rel} "
                      "(the code changed): update MARKS")
-        lines = anchor.split("\n")
-        if where == "before":
-            start = text.index(anchor)
-            line_start = text.rfind("\n", 0, start) + 1
-            indent = text[line_start:start] or lines[0][: len(lines[0]) - len(lines[0].lstrip())]
-            at = start if text[line_start:start] else start + len(indent)
-            text = text[:at] + f"_hops_mark({name!r})\n{indent}" + text[at:]
-        elif where == "after":
-            last = lines[-1]
-            indent = last[: len(last) - len(last.lstrip())]
-            if not indent:
-                start = text.index(anchor)
-                line_start = text.rfind("\n", 0, start) + 1
-                indent = text[line_start:start]
-            text = text.replace(anchor, f"{anchor}\n{indent}_hops_mark({name!r})")
-        else:  # inside: after the first line (a def or a statement the mark must follow)
-            nxt = lines[1]
-            indent = nxt[: len(nxt) - len(nxt.lstrip())]
-            text = text.replace(anchor, "\n".join(
-                [lines[0], f"{indent}_hops_mark({name!r})", *lines[1:]]))
+        start = text.index(anchor)
+        if where == "before":  # a line of its own before the anchor's first line
+            at = text.rfind("\n", 0, start) + 1
+            indent_of = at
+        elif where == "after":  # ... after its last line
+            at = text.index("\n", start + len(anchor) - 1) + 1
+            indent_of = text.rfind("\n", 0, start + len(anchor) - 1) + 1
+        else:  # inside: after its first line, indented as its second
+            at = text.index("\n", start) + 1
+            indent_of = at
+        line = text[indent_of:text.index("\n", indent_of)]
+        indent = line[: len(line) - len(line.lstrip())]
+        text = f"{text[:at]}{indent}_hops_mark({name!r})\n{text[at:]}"
         texts[rel] = text
     for rel, text in texts.items():
         text = text.replace("from __future__ import annotations\n",
