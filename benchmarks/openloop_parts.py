@@ -13,14 +13,17 @@ journals fdatasync'd before every acknowledgement) and splits that latency:
 - the client's garbage-collector passes (count and longest, per generation).
 
     python benchmarks/openloop_parts.py --rate 15000 --duration 10
+    python benchmarks/openloop_parts.py --bookie-config entry_log_flush_bytes=4194304
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import gc
+import json
 import os
 import re
 import tempfile
@@ -31,6 +34,7 @@ from typing import Any
 import aiohttp
 import uvloop
 
+from asyncbk.config import BookieConfig
 from asyncbk.testing import LocalCluster
 
 METRICS = ("add_latency_seconds", "journal_fsync_seconds", "journal_batch_records")
@@ -65,9 +69,11 @@ async def _bookie_means(cluster: LocalCluster, seconds: float) -> list[str]:
     return lines
 
 
-async def run(rate: int, duration: float, entry_size: int) -> None:
+async def run(rate: int, duration: float, entry_size: int,
+              bookie_config: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        async with LocalCluster(data_dir=Path(tmp) / "cluster", bookies=3) as cluster:
+        async with LocalCluster(data_dir=Path(tmp) / "cluster", bookies=3,
+                                bookie_config=bookie_config) as cluster:
             bk = await cluster.client()
             lh = await bk.create_ledger(3, 3, 2)
             payload = os.urandom(entry_size)
@@ -121,7 +127,9 @@ async def run(rate: int, duration: float, entry_size: int) -> None:
                 gc.callbacks.remove(on_gc)
             elapsed = time.perf_counter() - started
             print(f"open loop, {rate:,}/s offered, {entry_size} B, {sent:,} appends in "
-                  f"{elapsed:.1f} s (E=3 Qw=3 Qa=2), microseconds:")
+                  f"{elapsed:.1f} s (E=3 Qw=3 Qa=2"
+                  + "".join(f", {k}={v}" for k, v in bookie_config.items())
+                  + "), microseconds:")
             print(f"  generator lag         {_quantiles(lags)}")
             print(f"  ack from the call     {_quantiles(from_call)}")
             print(f"  ack from the due time {_quantiles(from_due)}")
@@ -143,10 +151,26 @@ def main() -> None:
                         help="seconds of load (default: 10)")
     parser.add_argument("--entry-size", type=int, default=1024,
                         help="bytes per entry (default: 1024)")
+    parser.add_argument("--bookie-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="a bookie setting for the run (a JSON value, or a string), "
+                             "e.g. entry_log_flush_bytes=4194304; repeatable")
     args = parser.parse_args()
     if args.rate <= 0 or args.duration <= 0 or args.entry_size <= 0:
         parser.error("--rate, --duration and --entry-size must be positive")
-    uvloop.run(run(args.rate, args.duration, args.entry_size))
+    known = {f.name for f in dataclasses.fields(BookieConfig)}
+    bookie_config: dict[str, Any] = {}
+    for item in args.bookie_config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--bookie-config takes KEY=VALUE, not {item!r}")
+        if key not in known:
+            parser.error(f"--bookie-config: {key!r} is not a bookie setting "
+                         "(see docs/configuration.md)")
+        try:
+            bookie_config[key] = json.loads(value)
+        except ValueError:
+            bookie_config[key] = value
+    uvloop.run(run(args.rate, args.duration, args.entry_size, bookie_config))
 
 
 if __name__ == "__main__":

@@ -63,9 +63,12 @@ class BookieConfig:
 
     # entry storage
     entry_log_bytes_max: int = 1024 * 1024 * 1024
-    entry_log_flush_bytes: int = 4 * 1024 * 1024
+    entry_log_flush_bytes: int = 1024 * 1024
     """fdatasync the entry log (in the background) after this many bytes were added to
-    it, so a checkpoint never has to flush much at once (0: only at checkpoints)."""
+    it, so a checkpoint never has to flush much at once (0: only at checkpoints).  Each
+    flush competes with the journal's fdatasyncs on a shared disk: 1 MiB keeps those
+    bursts short (open-loop p99 about two thirds of 4 MiB's, same throughput), while
+    smaller flushes cost more in file-system commits than they save."""
     checkpoint_interval_s: float = 10.0
     index_backend: str = "memory"
     """Where the entry index lives: ``"memory"`` (rebuilt from ``index.log`` at start)
