@@ -63,6 +63,7 @@ import uvloop
 from hdrh.histogram import HdrHistogram
 
 from asyncbk import __version__ as asyncbk_version
+from asyncbk.cli.bench_record import BufferedHistogram
 from asyncbk.testing.etcd import find_etcd_binary, free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -135,7 +136,7 @@ async def _closed_loop(submit: Callable[[int], Awaitable[Awaitable[Any]]], entri
     acknowledgement (a future: no task per request where the client gives one);
     latency runs from the call to the acknowledgement.  ``warmup`` requests
     first, not counted."""
-    hist = HdrHistogram(1, 60_000_000, 3)
+    hist = BufferedHistogram()
     sem = asyncio.Semaphore(inflight)
     errors: list[BaseException] = []
 
@@ -159,7 +160,7 @@ async def _closed_loop(submit: Callable[[int], Awaitable[Awaitable[Any]]], entri
                 elif f.exception() is not None:
                     errors.append(f.exception())  # type: ignore[arg-type]
                 else:
-                    hist.record_value(max(1, int((time.perf_counter() - t) * 1e6)))
+                    hist.record(int((time.perf_counter() - t) * 1e6))
 
             fut.add_done_callback(done)
         if pending:
@@ -174,7 +175,7 @@ async def _closed_loop(submit: Callable[[int], Awaitable[Awaitable[Any]]], entri
     await run(0, warmup)
     hist.reset()
     elapsed, cpu_s = await run(warmup, entries)
-    return {"throughput_eps": entries / elapsed, "latency_us": _latency(hist),
+    return {"throughput_eps": entries / elapsed, "latency_us": _latency(hist.histogram),
             "entries": entries, "warmup": warmup,
             "client_cpu_percent": round(100 * cpu_s / elapsed, 1)}
 
@@ -376,7 +377,7 @@ async def redis_xadds(port: int, entries: int, inflight: int, size: int, warmup:
     conns = max(1, min(connections, inflight))
     pool = aioredis.ConnectionPool(host="127.0.0.1", port=port, max_connections=conns)
     client = aioredis.Redis(connection_pool=pool)
-    hist = HdrHistogram(1, 60_000_000, 3)
+    hist = BufferedHistogram()
     shares = [inflight // conns + (1 if c < inflight % conns else 0) for c in range(conns)]
 
     async def worker(total: list[int], share: int) -> None:
@@ -388,9 +389,8 @@ async def redis_xadds(port: int, entries: int, inflight: int, size: int, warmup:
                 pipe.xadd("bench", {"d": payload}, maxlen=500_000, approximate=True)
             t = time.perf_counter()
             await pipe.execute()
-            latency_us = max(1, int((time.perf_counter() - t) * 1e6))
-            for _ in range(n):  # every command of the pipeline waited this long
-                hist.record_value(latency_us)
+            latency_us = int((time.perf_counter() - t) * 1e6)
+            hist.record(latency_us, n)  # every command of the pipeline waited this long
 
     async def run(n: int) -> tuple[float, float]:
         total = [n]
@@ -408,7 +408,7 @@ async def redis_xadds(port: int, entries: int, inflight: int, size: int, warmup:
     finally:
         await client.aclose()
         await pool.aclose()
-    return {"throughput_eps": entries / elapsed, "latency_us": _latency(hist),
+    return {"throughput_eps": entries / elapsed, "latency_us": _latency(hist.histogram),
             "entries": entries, "warmup": warmup,
             "client_cpu_percent": round(100 * cpu_s / elapsed, 1),
             "client": f"redis-py {_version('redis')}"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -114,7 +115,7 @@ async def _append_load(handles: list[Any], args: argparse.Namespace, entries: in
             on_sent(lh.id, sent // len(handles), due)
         inflight += 1
         sent += 1
-        fut.add_done_callback(lambda f, s=due: finished(s, f))
+        fut.add_done_callback(functools.partial(finished, due))
 
     rate = getattr(args, "rate", None)
     t0 = time.perf_counter()
