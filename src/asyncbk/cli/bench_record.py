@@ -60,8 +60,8 @@ class BufferedHistogram:
     """An HDR histogram (microseconds) that takes one value for ~0.25 µs: values are
     kept in a list and folded in every ``FOLD_VALUES``, each distinct value once with
     its count (hdrh's ``record_value`` is Python, ~0.9 µs a call).  The histogram is
-    the same as recording each value at once.  Every benchmark of a run, the peers'
-    too, records through this, so none pays more than another for being measured."""
+    the same as recording each value at once.  ``asyncbk bench`` and every system of
+    ``benchmarks/peers.py`` record through this: none pays more to be measured."""
 
     __slots__ = ("_histogram", "_pending")
 
