@@ -1,12 +1,13 @@
 """The reference tables of the docs match the code they describe: wire ops, their
 fields, flags and status codes (docs/protocol.md), journal record types
-(docs/storage.md and the journal_format docstring), format versions, and the Spark
-source's options, schemas and limits (docs/spark.md)."""
+(docs/storage.md and the journal_format docstring), format versions, the Spark
+source's options, schemas and limits (docs/spark.md), and every bookie and client
+setting with its default (docs/configuration.md)."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,61 @@ def test_spark_doc_names_the_schemas_defaults_and_limits() -> None:
     assert defaults["maxRecordsPerPartition"] == f"`{MAX_RECORDS_PER_PARTITION}`"
     assert defaults["operationTimeoutS"] == f"`{OPERATION_TIMEOUT_S:g}`"
     assert f"one commit adopts at most {ADOPT_LEDGERS_MAX}" in " ".join(text.split())
+
+
+def _doc_default(cell: str) -> object:
+    """A default as the settings tables write it: `3181`, 8388608 (8 MiB), 0.95,
+    `true`, `"memory"`, 127.0.0.1, `""` → `host`; None for "— (required)"."""
+    text = cell.replace("`", "").split(" (")[0].split(" →")[0].strip()
+    if text.startswith("—"):
+        return None
+    if text in ("true", "false"):
+        return text == "true"
+    if text in ("{}", "[]"):
+        return {} if text == "{}" else []
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text.strip('"')
+
+
+def _setting_rows(section: str) -> dict[str, str]:
+    rows: dict[str, str] = {}
+    for line in section.splitlines():
+        m = re.match(r"^\| `([a-z0-9_]+)` \| ([^|]*) \|", line)
+        if m:
+            assert m.group(1) not in rows, f"{m.group(1)} is in two rows"
+            rows[m.group(1)] = m.group(2).strip()
+    return rows
+
+
+@pytest.mark.parametrize("which", ["bookie", "client"])
+def test_configuration_doc_gives_every_setting_with_the_codes_default(which: str) -> None:
+    from asyncbk.config import BookieConfig, ClientConfig
+
+    text = (DOCS / "configuration.md").read_text()
+    bookie_part, client_part = text.split("## Client settings", 1)
+    cls, part = ((BookieConfig, bookie_part.split("## Bookie settings", 1)[1])
+                 if which == "bookie" else (ClientConfig, client_part))
+    rows = _setting_rows(part)
+    by_name = {f.name: f for f in fields(cls)}
+    assert sorted(set(by_name) - set(rows)) == [], "settings the doc does not list"
+    assert sorted(set(rows) - set(by_name)) == [], "rows naming no setting"
+    wrong = {}
+    for field_name, cell in rows.items():
+        documented = _doc_default(cell)
+        if documented is None:
+            continue
+        f = by_name[field_name]
+        actual = f.default if f.default_factory is MISSING else f.default_factory()
+        if isinstance(actual, float) and not isinstance(documented, bool):
+            ok = isinstance(documented, int | float) and float(documented) == actual
+        else:
+            ok = documented == actual
+        if not ok:
+            wrong[field_name] = (cell, actual)
+    assert wrong == {}, "doc default != code default"
