@@ -314,7 +314,7 @@ def test_streaming_query_killed_and_restarted(spark: SparkSession,
             raise RuntimeError("injected UDF failure")
         return bytes(data)
 
-    udf = F.udf(fail_once, BinaryType())
+    udf = F.udf(fail_once, BinaryType(), useArrow=False)  # a plain UDF: nothing to infer
     df = (spark.readStream.format("asyncbk").option("metadataUri", spark_cluster.metadata_uri)
           .option("namespace", ns).option("streams", "in")
           .option("startingPositions", "earliest").option("maxRecordsPerTrigger", "100")
