@@ -1,8 +1,13 @@
 """Exception hierarchy of asyncbk.
 
 Every error a user can see is a subclass of :class:`BKError`.  Names follow
-Apache BookKeeper's client exceptions.  ``ProtocolError`` and
-``InvariantError`` are internal: the first rejects bad wire input, the second
+Apache BookKeeper's client exceptions.  Each class says whether the same call may
+succeed if made again later (``retriable``, as aiokafka's errors do): True for
+conditions that pass (bookies or the metadata store unreachable, a bound reached, a
+lost compare-and-swap race), False where retrying cannot help (fenced, closed, no
+such ledger, bad input).  :func:`is_retriable` reads it from any exception.
+
+``ProtocolError`` and ``InvariantError`` are internal: the first rejects bad wire input, the second
 reports a broken internal invariant (a bug), and neither is caught silently.
 """
 
@@ -14,9 +19,14 @@ import builtins
 class BKError(Exception):
     """Base class of every asyncbk error."""
 
+    retriable: bool = False
+    """Whether the same call may succeed if made again later (after a back-off)."""
+
 
 class NotEnoughBookiesError(BKError):
     """Fewer writable bookies are registered than the ensemble needs."""
+
+    retriable = True
 
 
 class PlacementError(NotEnoughBookiesError):
@@ -43,6 +53,8 @@ class NoSuchEntryError(BKError):
 class ReadBeyondLastAddConfirmedError(BKError):
     """A read asked for entries past the last add confirmed."""
 
+    retriable = True
+
 
 class UnauthorizedAccessError(BKError):
     """Wrong password for the ledger."""
@@ -55,13 +67,19 @@ class DigestMismatchError(BKError):
 class BookieUnavailableError(BKError):
     """A bookie could not be reached, or its connection was lost."""
 
+    retriable = True
+
 
 class MetadataVersionError(BKError):
     """A compare-and-swap on metadata lost against a concurrent change."""
 
+    retriable = True
+
 
 class TimeoutError(BKError, builtins.TimeoutError):
     """An operation did not complete within its time limit."""
+
+    retriable = True
 
 
 class EntryTooLargeError(BKError, ValueError):
@@ -71,9 +89,13 @@ class EntryTooLargeError(BKError, ValueError):
 class BookieReadOnlyError(BKError):
     """The bookie is read-only and refuses adds."""
 
+    retriable = True
+
 
 class TooManyRequestsError(BKError):
     """A bound was reached (bookie queue, client in-flight window); retry later."""
+
+    retriable = True
 
 
 class BadRequestError(BKError):
@@ -83,9 +105,13 @@ class BadRequestError(BKError):
 class BookieIOError(BKError):
     """The bookie hit an I/O error serving the request."""
 
+    retriable = True
+
 
 class MetadataError(BKError):
     """The metadata store failed or answered something unexpected."""
+
+    retriable = True
 
 
 class CookieError(BKError):
@@ -145,6 +171,8 @@ class SparkOptionError(ConfigError, ValueError):
 class SinkCommitError(BKError):
     """A Spark write could not be committed to its stream (nothing of it became visible)."""
 
+    retriable = True
+
 
 class EndOfStreamError(BKError):
     """The stream was marked ended and every record has been read (or a write was
@@ -162,6 +190,12 @@ class ProtocolError(Exception):
 
 class InvariantError(AssertionError):
     """An internal invariant does not hold: a bug in asyncbk."""
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Whether the call that raised ``exc`` may succeed if made again later: an
+    asyncbk error's ``retriable``; for anything else False."""
+    return bool(getattr(exc, "retriable", False)) if isinstance(exc, BKError) else False
 
 
 def invariant(condition: bool, message: str) -> None:
