@@ -149,3 +149,128 @@ def test_ruff() -> None:
 def test_mypy() -> None:
     r = subprocess.run([_tool("mypy")], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _module_name(path: Path, root: Path = PKG) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:`` (imports for annotations only)."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            inside.update(id(n) for n in ast.walk(node))
+    return inside
+
+
+def import_graph(root: Path = PKG) -> dict[str, set[str]]:
+    """Module -> the asyncbk modules it imports, at module level or inside functions
+    (a lazy import is still a dependency); ``if TYPE_CHECKING:`` imports are left out.
+    ``from pkg import name`` counts as importing ``pkg`` and, where ``name`` is a
+    submodule, that submodule."""
+    paths = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in paths.items():
+        tree = ast.parse(path.read_text())
+        skip = _type_checking_nodes(tree)
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[:len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                deps.update(c for c in [target, *(f"{target}.{a.name}" for a in node.names)]
+                            if c in paths)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in paths)
+        deps.discard(mod)
+        graph[mod] = deps
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycle_in_any_package() -> None:
+    """Within and across packages, no module imports (even lazily) a module that
+    imports it back: each package reads bottom-up."""
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_cycle_check_catches_a_cycle(tmp_path: Path) -> None:
+    """The checker itself finds a cycle made through a package's __init__ and a lazy
+    import (else the test above proves nothing), and ignores TYPE_CHECKING imports."""
+    pkg = tmp_path / "asyncbk" / "p"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .a import A\n")
+    (pkg / "a.py").write_text("class A:\n    def f(self):\n        from . import b\n")
+    (pkg / "b.py").write_text("from asyncbk.p import A\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\n"
+                              "if TYPE_CHECKING:\n    from .d import D\n")
+    (pkg / "d.py").write_text("from .c import *\n")
+    cycles = import_cycles(import_graph(tmp_path / "asyncbk"))
+    assert cycles == [["asyncbk.p", "asyncbk.p.a", "asyncbk.p.b"]]
+
+
+def private_imports(root: Path = PKG) -> list[str]:
+    """``from asyncbk.x import _name``: one module taking another's private name."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "")
+                                                     .startswith("asyncbk")):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{path.relative_to(root.parent)}:{node.lineno} imports "
+                                     f"{node.module}.{alias.name}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    """A private name another module needs is that module's public API, or it sits in
+    the wrong module."""
+    found = private_imports()
+    assert not found, "\n".join(found)
