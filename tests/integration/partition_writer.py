@@ -15,6 +15,10 @@ import uvloop
 
 import asyncbk
 
+WRITER_ADD_TIMEOUT_S = 2.0
+"""The writer's ``add_timeout_s``: a writer that learned of a fence only through a timed-out
+add would take at least this long."""
+
 
 def payload(entry_id: int) -> bytes:
     return b"entry %d " % entry_id + b"x" * 64
@@ -27,7 +31,7 @@ def say(line: str) -> None:
 
 async def main(uri: str) -> int:
     async with await asyncbk.BookKeeper.connect(
-            uri, add_timeout_s=2.0, ensemble_change_timeout_s=3.0, connect_timeout_s=1.0,
+            uri, add_timeout_s=WRITER_ADD_TIMEOUT_S, ensemble_change_timeout_s=3.0, connect_timeout_s=1.0,
             metadata_timeout_s=3.0) as bk:
         lh = await bk.create_ledger(3, 3, 2, password=b"pw")
         say(f"L {lh.id}")

@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 
 from asyncbk.bookie.journal_format import AddRecord, encode_add, scan_records
+from asyncbk.client.quorum import write_set
 from asyncbk.errors import BookieUnavailableError, DigestMismatchError
 from asyncbk.testing.cluster import LocalBookie, LocalCluster
 from asyncbk.testing.proxy import FaultProxy
@@ -58,21 +59,48 @@ async def test_blackholed_replica_speculative_reads(cluster: LocalCluster) -> No
         await proxy.stop()
 
 
+READ_TIMEOUT_S = 0.5
+
+
 async def test_blackholed_replica_without_speculation_times_out_then_fails_over(
         cluster: LocalCluster) -> None:
+    """Without speculation, an entry whose first replica hangs waits ``read_timeout_s``
+    for it, then is read from the next replica; an entry whose first replica answers
+    is read at once."""
     bk = await cluster.client()
     lh = await bk.create_ledger(3, 2, 2)
     for i in range(6):
         await lh.append(b"t%d" % i)
     await lh.close()
-    proxy, reader = await _proxied_client(cluster, cluster.bookies[0], read_timeout_s=0.5,
+    hung = cluster.bookies[0]
+    proxy, reader = await _proxied_client(cluster, hung, read_timeout_s=READ_TIMEOUT_S,
                                           speculative_read_timeout_s=0)
     try:
         rh = await reader.open_ledger(lh.id)
+        ensemble = rh.metadata.ensembles[0][1]
+        # entry e is asked of its write set in order: first the bookie at e mod 3
+        first_on_hung = [e for e in range(6) if ensemble[write_set(e, 3, 2)[0]] == hung.id]
+        assert len(first_on_hung) == 2, (ensemble, hung.id)
         proxy.set_mode("blackhole")
+        took: dict[int, float] = {}
+        for e in range(6):
+            t0 = time.perf_counter()
+            async with asyncio.timeout(30):
+                entries = await rh.read(e, e)
+            took[e] = time.perf_counter() - t0
+            assert [x.data for x in entries] == [b"t%d" % e]
+        waited = sorted(e for e, s in took.items() if s >= READ_TIMEOUT_S * 0.9)
+        # the timeout happened exactly for the entries whose first replica hangs, and
+        # each of those was then read from the next replica, well within another timeout
+        assert waited == first_on_hung, took
+        assert all(took[e] < READ_TIMEOUT_S * 3 for e in first_on_hung), took
+        assert proxy.connections >= 1  # the hung bookie was asked
+        t0 = time.perf_counter()
         async with asyncio.timeout(30):
             entries = await rh.read(0, 5)
+        elapsed = time.perf_counter() - t0
         assert [e.data for e in entries] == [b"t%d" % i for i in range(6)]
+        assert READ_TIMEOUT_S * 0.9 <= elapsed < READ_TIMEOUT_S * 3, elapsed
     finally:
         await proxy.stop()
 

@@ -21,9 +21,12 @@ import pytest_asyncio
 
 from asyncbk.client.placement import write_set_spread
 from asyncbk.errors import BKError, PlacementError
+from asyncbk.proto import Status
 from asyncbk.testing import Latency, LocalCluster, Network, Topology, network_unavailable
 from asyncbk.topology import normalize_location
 
+from .bookie_calls import add_status
+from .partition_writer import WRITER_ADD_TIMEOUT_S
 from .partition_writer import payload as writer_payload
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("loop_errors")]
@@ -413,7 +416,9 @@ async def test_partitioned_writer_is_fenced(tmp_path: Path, finding) -> None:  #
     """A writer on its own host is cut from etcd, the test process and one bookie, but
     still reaches two bookies (an ack quorum).  A recoverer on the other side fences
     and closes its ledger: every entry the old writer was ever told is acknowledged
-    lies within the closed ledger and reads back (no split brain)."""
+    lies within the closed ledger and reads back (no split brain), and the old writer's
+    next append fails with LedgerFencedError (the bookies answer FENCED), at once
+    rather than after a stall."""
     async with LocalCluster(data_dir=tmp_path / "cluster", topology=FENCE) as cluster:
         net = cluster.network
         assert net is not None
@@ -423,7 +428,7 @@ async def test_partitioned_writer_is_fenced(tmp_path: Path, finding) -> None:  #
                                     cluster.metadata_uri]),
             stdout=asyncio.subprocess.PIPE, env=cluster.child_env())
         acked: list[tuple[float, int]] = []
-        errors: list[str] = []
+        errors: list[tuple[float, str]] = []
         ledger_id: int | None = None
 
         async def follow() -> None:
@@ -436,7 +441,7 @@ async def test_partitioned_writer_is_fenced(tmp_path: Path, finding) -> None:  #
                 elif kind == "A":
                     acked.append((time.monotonic(), int(rest)))
                 elif kind == "E":
-                    errors.append(rest)
+                    errors.append((time.monotonic(), rest))
 
         reader = asyncio.create_task(follow())
         try:
@@ -463,8 +468,18 @@ async def test_partitioned_writer_is_fenced(tmp_path: Path, finding) -> None:  #
         assert max(ids) <= closed_lac, (max(ids), closed_lac, after_fence)
         got = await read_all(bk, ledger_id, closed_lac)
         assert got == [writer_payload(i) for i in range(closed_lac + 1)]
+        # the old writer was told it is fenced, not left to stall: its appends fail with
+        # LedgerFencedError (and nothing else) soon after the fence
+        assert errors, "the cut writer's appends never failed after the fence (a stall)"
+        kinds = {text.partition(":")[0] for _, text in errors}
+        assert kinds == {"LedgerFencedError"}, errors[:5]
+        t_error, first = errors[0]
+        assert "FENCED" in first, first
+        assert t_cut < t_error < t_fenced + WRITER_ADD_TIMEOUT_S, \
+            (t_error - t_cut, t_fenced - t_cut)
         finding(f"acked {len(ids)} ({len(after_cut)} after the cut, {len(after_fence)} after "
-              f"the fence); closed at {closed_lac}; writer errors: {errors[:2]}")
+                f"the fence); closed at {closed_lac}; the writer's first error "
+                f"{t_error - t_fenced:+.2f} s from the end of the recovery: {first}")
 
 
 # ---------------------------------------------------------------- a bookie cut from etcd
@@ -484,8 +499,9 @@ async def bookie_state(session: aiohttp.ClientSession, url: str) -> str | None:
 
 async def test_bookie_cut_from_etcd_only(tmp_path: Path, finding) -> None:  # type: ignore[no-untyped-def]
     """A bookie that loses etcd but not its clients: once its lease cannot have been
-    renewed it stops taking adds (reads go on) and drops out of the registry, so its
-    writers replace it; healed, it registers again."""
+    renewed it stops taking adds (asked directly, it answers NOT_READY) while it still
+    serves reads (a reader that reaches no other bookie reads its entries), and drops
+    out of the registry, so its writers replace it; healed, it registers again."""
     async with LocalCluster(data_dir=tmp_path / "cluster", topology=ETCD_CUT) as cluster:
         net = cluster.network
         assert net is not None
@@ -508,6 +524,13 @@ async def test_bookie_cut_from_etcd_only(tmp_path: Path, finding) -> None:  # ty
             assert lost_after < cluster.bookie_config["lease_ttl_s"] + 2.5, lost_after
             await eventually(lambda: _missing(bk, victim.id), 30,
                              "the cut bookie leaves the registry")
+            # it takes no add, but serves the entries it holds
+            assert await add_status(bk, victim.id, lh.id, 20) is Status.NOT_READY
+            reader = await cluster.client(**FAST_FAIL, bookie_addresses={
+                b.id: "127.0.0.1:1" for b in cluster.bookies if b is not victim})
+            rh = await reader.open_ledger(lh.id, password=b"pw", recovery=False)
+            assert [e.data for e in await rh.read_unconfirmed(0, 19)] == \
+                [payload(i) for i in range(20)]
             # clients still reach it: its state answers, and its writer moves on
             assert await asyncio.gather(*(lh.append(payload(i)) for i in range(20, 40))) \
                 == list(range(20, 40))

@@ -52,7 +52,9 @@ def test_reads_and_writes_with_tls_and_a_token(spark: SparkSession,
     df.select("data").write.format("asyncbk").options(**access, stream="out") \
         .mode("append").save()
     back = spark.read.format("asyncbk").options(**access, streams="out").load().collect()
-    assert len(back) == 100
+    # what came back over TLS is what was written: every record, each once, its bytes
+    assert sorted(bytes(r.data) for r in back) == sorted(b"r%d" % i for i in range(100))
+    assert {r.stream for r in back} == {"out"}
     without_token = {k: v for k, v in access.items() if k != "authTokenFile"}
     with pytest.raises(Exception, match="UNAUTHORIZED|unauthorized|refused"):
         spark.read.format("asyncbk").options(**without_token, streams="in").load().collect()

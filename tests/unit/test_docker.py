@@ -27,6 +27,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import trustme
+from ruamel.yaml import YAML  # a direct test dependency (pyproject's test extra)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -198,8 +200,7 @@ def test_the_secret_check_finds_secrets() -> None:
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    yaml = pytest.importorskip("ruamel.yaml")
-    return yaml.YAML(typ="safe", pure=True).load(COMPOSE.read_text())
+    return YAML(typ="safe", pure=True).load(COMPOSE.read_text())
 
 
 def _services(compose: dict[str, Any], prefix: str) -> dict[str, dict[str, Any]]:
@@ -443,7 +444,6 @@ def test_healthcheck_follows_healthz(healthcheck: ModuleType, healthy_port: int,
 
 def test_healthcheck_speaks_tls_when_the_bookie_has_a_certificate(
         healthcheck: ModuleType, tmp_path: Path) -> None:
-    trustme = pytest.importorskip("trustme")
     ca = trustme.CA()
     cert = ca.issue_cert("bookie1")  # names the service, not 127.0.0.1
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
