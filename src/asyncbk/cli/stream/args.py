@@ -12,7 +12,7 @@ from ...meta.model import DIGESTS
 from ...stream.meta import StreamConfig
 from ...stream.position import Position
 from ...topology import POLICIES, RACK_FILE_FORMAT
-from .. import argtypes
+from ..common import non_negative_float, non_negative_int, positive_int
 from ..security import add_client_security_options
 
 _DEFAULTS = StreamConfig()
@@ -37,9 +37,9 @@ def _size(text: str) -> int:
     return value
 
 
-_positive = argtypes.positive_int
-_non_negative = argtypes.non_negative_int
-_seconds = argtypes.non_negative_float
+_positive = positive_int
+_non_negative = non_negative_int
+_seconds = non_negative_float
 
 
 def _position(text: str) -> Position:
