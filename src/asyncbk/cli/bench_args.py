@@ -26,7 +26,8 @@ def id_list(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ids separated by commas, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected ids separated by commas, got {text!r}") from None
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
@@ -132,12 +133,14 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
                        "prints a summary; --json and --plot save the results.")
     bsub = p.add_subparsers(dest="workload", metavar="WORKLOAD", parser_class=Parser)
     w = bsub.add_parser("write", help="append throughput and latency",
-                        formatter_class=DefaultsFormatter, description="Append N entries over L ledgers, K in flight (closed "
+                        formatter_class=DefaultsFormatter,
+                        description="Append N entries over L ledgers, K in flight (closed "
                         "loop) or at a fixed --rate (open loop); report throughput and latency "
                         "percentiles.")
     add_ledger_options(w, default_quorum=2)
     r = bsub.add_parser("read", help="catch-up and tailing read throughput and latency",
-                        formatter_class=DefaultsFormatter, description="catchup: write N entries (not timed), close the ledgers, "
+                        formatter_class=DefaultsFormatter,
+                        description="catchup: write N entries (not timed), close the ledgers, "
                         "read them back in ranges of --batch. tail: follow ledgers with tail() "
                         "while a writer appends; latency from append to delivery.")
     r.add_argument("--mode", choices=["catchup", "tail"], default="catchup",

@@ -20,8 +20,9 @@ saying what to do.
 
 The parsers are in ``args``; the admin commands (namespaces, streams) in ``admin``;
 ``write`` and ``tail`` in ``data``; a stream's segments as rows in ``segments``;
-errors, confirmation and stdout handling in ``common``.  This module checks the
-arguments, connects to the cluster and runs the command.
+errors, confirmation and stdout handling in ``common``.  This module registers the
+command (``add_parser``), checks the arguments, connects to the cluster and runs the
+command (``run``).
 """
 
 from __future__ import annotations

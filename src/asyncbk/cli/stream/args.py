@@ -212,7 +212,8 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
     p = command("tail", "print a stream's records, following it",
                 "Print records as 'POSITION TXID DATA' lines (DATA as text when it is "
                 "UTF-8 without control characters other than tab, else 'hex:' and its hex "
-                "digits) or as JSON lines. Follows the stream until Ctrl-C unless --no-follow or --count.")
+                "digits) or as JSON lines. Follows the stream until Ctrl-C unless --no-follow "
+                "or --count.")
     names(p)
     start = p.add_mutually_exclusive_group()
     start.add_argument("--from", dest="start", type=_position, default=Position.EARLIEST,
