@@ -51,7 +51,7 @@ from .bench_record import (
     plot,
     self_cpu_s,
 )
-from .main import CliError
+from .common import CliError
 
 WORKER_START_DELAY_S = 3.0
 """How far ahead of now the parent sets the common start of its client processes."""
@@ -318,7 +318,8 @@ async def _run_processes(args: argparse.Namespace, metadata_uri: str, ledger_ids
 # ----------------------------------------------------------------- the command
 
 
-def _validate(args: argparse.Namespace) -> None:
+def validate(args: argparse.Namespace) -> None:
+    """The options of a run agree (CliError if not) and the packages it needs are there."""
     if not args.ensemble >= args.write_quorum >= args.ack_quorum:
         raise CliError("need --ensemble >= --write-quorum >= --ack-quorum")
     if args.metadata_uri is None and args.ensemble > args.bookies:
@@ -375,14 +376,10 @@ async def save(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 
 async def run_bench(args: argparse.Namespace) -> int:
-    """``asyncbk bench write|read|stream``: see the module docstring."""
+    """``asyncbk bench write|read``: see the module docstring."""
     if getattr(args, "worker_out", None):
         return await run_worker(args)
-    _validate(args)
-    if args.workload == "stream":
-        from .bench_stream import run_stream_bench
-
-        return await run_stream_bench(args)
+    validate(args)
     from ..client.client import BookKeeper
 
     async with bench_cluster(args) as (metadata_uri, monitor):
@@ -450,4 +447,4 @@ def _print_summary(args: argparse.Namespace, result: dict[str, Any]) -> None:
                 for k, v in rss.items()))
 
 
-__all__ = ["bench_cluster", "run_bench", "run_worker", "save"]
+__all__ = ["bench_cluster", "run_bench", "run_worker", "save", "validate"]

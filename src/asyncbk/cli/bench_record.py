@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._version import __version__
-from .main import CliError
+from .common import CliError
 
 LATENCY_US_MAX = 60_000_000
 """Highest latency the histogram tracks (60 s); larger values are clamped."""

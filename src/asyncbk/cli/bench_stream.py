@@ -34,9 +34,9 @@ import time
 from typing import Any
 
 from ..errors import BKError
-from .bench import bench_cluster, save
+from .bench import bench_cluster, save, validate
 from .bench_record import Progress, Recorder, latency_json, measured, self_cpu_s
-from .main import CliError
+from .common import CliError
 
 OPEN_LOOP_TICK_S = 0.001
 """How often an open-loop run writes the records that have come due."""
@@ -240,6 +240,7 @@ async def _workload(bk: Any, reader_bk: Any, args: argparse.Namespace, rec: Reco
 
 async def run_stream_bench(args: argparse.Namespace) -> int:
     """``asyncbk bench stream``: see the module docstring."""
+    validate(args)
     from ..stream.client import BookKeeper
 
     async with bench_cluster(args) as (metadata_uri, monitor):

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from ..errors import BKError, MetadataVersionError, NoSuchLedgerError
-from .shell import _LedgerLocks, _progress
+from .common import LedgerLocks, progress
 
 __all__ = ["placementcheck"]
 
@@ -54,11 +54,11 @@ async def placementcheck(bk: Any, args: argparse.Namespace) -> int:
     locations = await bk.bookies.current_locations(cfg.metadata_timeout_s)
     racks = available_racks(locations, available)
     ledgers = [lid async for lid in bk.list_ledgers()]
-    progress = _progress("placementcheck", "ledgers checked")
+    checked = progress("placementcheck", "ledgers checked")
     checks = []
     own_rules = 0
     for n, lid in enumerate(ledgers, 1):
-        progress(n, len(ledgers))
+        checked(n, len(ledgers))
         try:
             md = await bk.ledger_metadata(lid)
         except NoSuchLedgerError:  # deleted meanwhile
@@ -93,7 +93,7 @@ async def placementcheck(bk: Any, args: argparse.Namespace) -> int:
         by_ledger: dict[int, int] = {}
         for c in checks:
             by_ledger[c.ledger_id] = by_ledger.get(c.ledger_id, 0) + 1
-        async with _LedgerLocks(bk, f"shell-placement-{os.getpid()}",
+        async with LedgerLocks(bk, f"shell-placement-{os.getpid()}",
                                 enabled=not args.dry_run) as locks:
             for lid in violating:
                 async with locks.hold(lid) as holder:
@@ -106,7 +106,7 @@ async def placementcheck(bk: Any, args: argparse.Namespace) -> int:
                         done = await fix_ledger_placement(
                             bk, lid, rule, available, writable, limiter, stats,
                             progress=None if args.dry_run or args.json
-                            else _progress(f"ledger {lid}"), dry_run=args.dry_run)
+                            else progress(f"ledger {lid}"), dry_run=args.dry_run)
                     except NoSuchLedgerError:
                         continue  # deleted meanwhile: nothing left to fix
                     except MetadataVersionError as exc:

@@ -4,25 +4,46 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import BKError
 from ..topology import location_of
-from .argtypes import non_negative_float as _non_negative_float
-from .argtypes import positive_int as _positive_int
+from .common import (
+    CliError,
+    LedgerLocks,
+    Parser,
+    Subparsers,
+    add_client_placement_options,
+    add_log_options,
+    client_placement_options,
+    configure_logging,
+    confirm,
+    connect_client,
+    non_negative_float,
+    positive_int,
+    progress,
+    require_cluster,
+    run_async,
+)
 from .security import add_client_security_options
 
 
-def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
+    """``asyncbk shell`` and its commands."""
+    p = sub.add_parser("shell", help="admin commands", description="Admin commands.")
+    ssub = p.add_subparsers(dest="shell_command", metavar="SHELL_COMMAND", parser_class=Parser)
+    add_commands(ssub)
+    return p
+
+
+def add_commands(sub: Subparsers) -> None:
+    """The ``asyncbk shell`` commands, on the subparsers ``sub``."""
     from ..topology import POLICIES
-    from .main import add_client_placement_options
 
     def command(name: str, help_text: str, description: str = "") -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_text,
@@ -99,10 +120,10 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
                    help="the policy to check the ledgers without their own placement "
                    "against (default: --placement-policy, the "
                    "client's, itself random by default, which nothing can violate)")
-    p.add_argument("--min-racks", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--min-racks", type=positive_int, default=None, metavar="N",
                    help="racks each write set must span (default: "
                    "--min-racks-per-write-quorum, 2)")
-    p.add_argument("--min-regions", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--min-regions", type=positive_int, default=None, metavar="N",
                    help="region-aware: regions each write set must span (default: "
                    "--min-regions-per-write-quorum, 2)")
     p.add_argument("--fix", action="store_true",
@@ -111,7 +132,7 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
                    "entries, then swap the bookies in the metadata (default: only report)")
     p.add_argument("--dry-run", action="store_true",
                    help="with --fix: only print what would be moved (default: move)")
-    p.add_argument("--rate", type=_non_negative_float, default=0.0, metavar="ENTRIES",
+    p.add_argument("--rate", type=non_negative_float, default=0.0, metavar="ENTRIES",
                    help="with --fix: entries copied per second (default 0: no limit)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON document instead of text (default: text)")
@@ -169,26 +190,9 @@ def _unexpected(what: str, resp: Any, expected: type) -> BKError:
                            f"expected {expected.__name__}")
 
 
-async def _require_cluster(bk: Any, uri: str) -> None:
-    """Refuse to go on (CliError) when no asyncbk cluster lives under the URI's root:
-    no cluster instance id (written when the first bookie of a cluster starts) and no
-    bookie registered.  A wrong root otherwise looks like an empty cluster."""
-    from ..meta.keys import instance_id
-    from .main import CliError
-
-    if await bk.meta.kv_get(instance_id(bk.meta.root)) is not None:
-        return
-    if await bk.meta.list_bookies():
-        return
-    raise CliError(f"no asyncbk cluster at {uri}: no bookie ever started under root "
-                   f"{bk.meta.root or '/'!r}. Check the root (the path of --metadata-uri; "
-                   f"`asyncbk standalone` prints the URI)")
-
-
 def _lastmark(args: argparse.Namespace) -> int:
     from ..bookie.journal import list_journal_files
     from ..bookie.storage import read_checkpoint
-    from .main import CliError
 
     ledger_dir, journal_dir = Path(args.ledger_dir), Path(args.journal_dir)
     for d in (ledger_dir, journal_dir):
@@ -209,76 +213,6 @@ def _lastmark(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(prefix: str, unit: str = "entries copied") -> Callable[[int, int], None]:
-    """``report(done, total)``: ``prefix: done/total unit`` on stderr, at most twice a
-    second, the last one always."""
-    import sys
-
-    last = [0.0]
-
-    def report(done: int, total: int) -> None:
-        now = time.monotonic()
-        if done == total or now - last[0] > 0.5:
-            last[0] = now
-            end = "\n" if done == total else ""
-            print(f"\r{prefix}: {done}/{total} {unit}", end=end, file=sys.stderr,
-                  flush=True)
-
-    return report
-
-
-LOCK_LEASE_TTL_S = 30
-
-
-class _LedgerLocks:
-    """Ledgers changed one at a time under their ``ledger-<id>`` lock (the one
-    auto-recovery's workers take), bound to a lease kept alive while the command runs
-    (``enabled=False``: no locks, for dry runs)."""
-
-    def __init__(self, bk: Any, owner: str, enabled: bool = True) -> None:
-        from ..autorecovery.service import LeaseKeeper
-        from ..log import get_logger
-
-        self._bk = bk
-        self.owner = owner
-        self._keeper = LeaseKeeper(bk.meta, LOCK_LEASE_TTL_S, get_logger(component=owner))
-        self._keeping: asyncio.Task[None] | None = None
-        self._enabled = enabled
-
-    async def __aenter__(self) -> _LedgerLocks:
-        if self._enabled:
-            self._keeping = asyncio.create_task(self._keeper.run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._keeping is not None:
-            self._keeping.cancel()
-            await asyncio.gather(self._keeping, return_exceptions=True)
-        if self._keeper.lease_id is not None:
-            await self._bk.meta.revoke_lease(self._keeper.lease_id)
-
-    @contextlib.asynccontextmanager
-    async def hold(self, ledger_id: int) -> AsyncIterator[str | None]:
-        """Take the ledger's lock for the block: yields None, or who holds it (the
-        block must then leave the ledger alone)."""
-        from ..meta.keys import ledger_lock
-
-        if self._keeping is None:
-            yield None
-            return
-        lock = ledger_lock(ledger_id)
-        async with asyncio.timeout(self._bk.config.metadata_timeout_s):
-            lease_id = await self._keeper.ready()
-        holder = await self._bk.meta.acquire_lock(lock, self.owner, lease_id)
-        if holder != self.owner:
-            yield holder
-            return
-        try:
-            yield None
-        finally:
-            await self._bk.meta.release_lock(lock, self.owner)
-
-
 async def _recover_one(bk: Any, md: Any, bookie: str, available: set[str], writable: list[str],
                        limiter: Any, stats: Any, dry_run: bool, skip_open: bool) -> bool:
     from ..autorecovery.replication import needs_recovery_first, replicate_ledger
@@ -295,7 +229,7 @@ async def _recover_one(bk: Any, md: Any, bookie: str, available: set[str], writa
                 print(f"ledger {md.ledger_id}: open: fenced and closed")
         lines = await replicate_ledger(
             bk, md.ledger_id, available, writable, limiter, stats,
-            progress=None if dry_run else _progress(f"ledger {md.ledger_id}"), dry_run=dry_run)
+            progress=None if dry_run else progress(f"ledger {md.ledger_id}"), dry_run=dry_run)
         for line in lines:
             print(("would copy " if dry_run else "copied ") + line)
         return True
@@ -322,7 +256,7 @@ async def _recover(bk: Any, bookie: str, rate: float, dry_run: bool, skip_open: 
             todo.append(md)
     print(f"{len(todo)} of {len(ledgers)} ledgers have a fragment on {bookie}")
     # Each ledger is copied under its lock, bound to a lease kept alive for the run.
-    async with _LedgerLocks(bk, f"shell-recover-{os.getpid()}",
+    async with LedgerLocks(bk, f"shell-recover-{os.getpid()}",
                             enabled=bool(todo) and not dry_run) as locks:
         for md in todo:
             async with locks.hold(md.ledger_id) as holder:
@@ -393,8 +327,6 @@ async def _listbookies(bk: Any, as_json: bool) -> None:
 
 
 async def _bookie_admin(bk: Any, bookie: str) -> str:
-    from .main import CliError
-
     view = await bk.meta.list_bookies()
     reg = view.get(bookie)
     if reg is None:
@@ -433,47 +365,21 @@ async def _bookiesanity(bk: Any, bookie: str, entries: int) -> bool:
     return True
 
 
-async def _read_line(stream: Any) -> str:
-    """One line from a terminal, without blocking the event loop ("" at end of input)."""
-    loop = asyncio.get_running_loop()
-    line: asyncio.Future[str] = loop.create_future()
-
-    def readable() -> None:
-        if not line.done():
-            line.set_result(stream.readline())
-
-    loop.add_reader(stream.fileno(), readable)
-    try:
-        return await line
-    finally:
-        loop.remove_reader(stream.fileno())
-
-
 async def _confirm_delete(md: Any) -> None:
     """Ask on the terminal before deleting; refuse (CliError) without a terminal."""
-    import sys
-
-    from .main import CliError
-
     lid = md.ledger_id
-    if not sys.stdin.isatty():
-        raise CliError(f"not deleting ledger {lid} without confirmation (stdin is not a "
-                       f"terminal); add --force to delete it")
     entries = md.last_entry_id + 1 if md.state.value == "CLOSED" else None
     what = (f"{md.state.value}, {entries} entries, {md.length} bytes" if entries is not None
             else f"{md.state.value}: a writer may still be appending to it")
     custom = json.dumps({k: _custom_value(v) for k, v in md.custom.items()})
-    print(f"delete ledger {lid} ({what}; custom metadata {custom})? This cannot be undone. "
-          f"Type yes to delete: ", end="", flush=True)
-    answer = await _read_line(sys.stdin)
-    if answer.strip().lower() != "yes":
-        raise CliError(f"ledger {lid} not deleted")
+    await confirm(f"delete ledger {lid} ({what}; custom metadata {custom})?",
+                  no_terminal=f"not deleting ledger {lid} without confirmation (stdin is not "
+                  f"a terminal); add --force to delete it",
+                  declined=f"ledger {lid} not deleted")
 
 
-def run_shell(args: argparse.Namespace, run: Callable[..., int],
-              configure_logging: Callable[..., None]) -> int:
-    from .main import CliError, client_placement_options, connect_client
-
+def run(args: argparse.Namespace) -> int:
+    """``asyncbk shell COMMAND``: check the options, connect, run the command."""
     if args.shell_command is None:
         raise CliError("choose a command: asyncbk shell --help")
     if args.shell_command != "lastmark":
@@ -488,7 +394,7 @@ def run_shell(args: argparse.Namespace, run: Callable[..., int],
         async with await connect_client(args) as bk:
             cmd = args.shell_command
             if cmd != "bookieformat":  # that one must work with every bookie down
-                await _require_cluster(bk, args.metadata_uri)
+                await require_cluster(bk, args.metadata_uri)
             if cmd == "listbookies":
                 await _listbookies(bk, args.json)
             elif cmd == "placementcheck":
@@ -594,4 +500,4 @@ def run_shell(args: argparse.Namespace, run: Callable[..., int],
                         print(f"wiped {d}")
             return 0
 
-    return run(go)
+    return run_async(go)

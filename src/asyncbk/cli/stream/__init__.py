@@ -20,27 +20,36 @@ saying what to do.
 
 The parsers are in ``args``; the admin commands (namespaces, streams) in ``admin``;
 ``write`` and ``tail`` in ``data``; a stream's segments as rows in ``segments``;
-errors, confirmation and stdout handling in ``common``.  This module checks the
-arguments, connects to the cluster and runs the command.
+errors, confirmation and stdout handling in ``common``.  This module registers the
+command (``add_parser``), checks the arguments, connects to the cluster and runs the
+command (``run``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from ...errors import BKError
 from ...stream.meta import check_namespace_name, check_stream_name
-from ..argtypes import client_options
-from ..security import client_security
+from ..common import (
+    CliError,
+    DefaultsFormatter,
+    Parser,
+    Subparsers,
+    add_log_options,
+    client_options,
+    configure_logging,
+    connect_client,
+    require_cluster,
+    run_async,
+)
 from . import admin, data
 from .args import RACK_OPTIONS, add_commands
-from .common import cli_error, explain, stdout_gone
+from .common import explain, stdout_gone
 
-__all__ = ["add_commands", "rack_options", "run_stream"]
+__all__ = ["add_commands", "add_parser", "rack_options", "run"]
 
 
 def rack_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -51,17 +60,28 @@ def rack_options(args: argparse.Namespace) -> dict[str, Any]:
     return client_options(args, RACK_OPTIONS)
 
 
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
+    """``asyncbk stream`` and its commands (see :func:`.args.add_commands`)."""
+    p = sub.add_parser("stream", help="namespaces and streams: create, list, info, write, "
+                       "tail, truncate, delete",
+                       description="Namespaces and streams (see docs/streams.md): create, "
+                       "list and delete them, write stdin lines as records, tail records as "
+                       "text or JSON, show segments, truncate.")
+    stsub = p.add_subparsers(dest="stream_command", metavar="STREAM_COMMAND",
+                             parser_class=Parser)
+    add_commands(stsub, add_log_options, DefaultsFormatter)
+    return p
+
+
 async def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """Connect to the cluster (``options``: ClientConfig fields) and run
     ``args.stream_command``: ``namespaces`` and ``create-namespace`` on the client, the
     others on the namespace ``args.namespace``."""
     from ...stream.client import BookKeeper
-    from ..shell import _require_cluster
 
     cmd = args.stream_command
-    security = await asyncio.to_thread(client_security, args)
-    async with await BookKeeper.connect(args.metadata_uri, **security, **options) as bk:
-        await _require_cluster(bk, args.metadata_uri)
+    async with await connect_client(args, options, BookKeeper) as bk:
+        await require_cluster(bk, args.metadata_uri)
         if cmd in admin.ON_CLUSTER:
             return await admin.ON_CLUSTER[cmd](bk, args)
         ns = await bk.namespace(args.namespace)
@@ -69,21 +89,20 @@ async def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
         return 0 if command is None else await command(ns, args)
 
 
-def run_stream(args: argparse.Namespace, run: Callable[..., int],
-               configure_logging: Callable[..., None]) -> int:
+def run(args: argparse.Namespace) -> int:
     """``asyncbk stream COMMAND``: see the package docstring."""
     if args.stream_command is None:
-        raise cli_error("choose a command: asyncbk stream --help")
+        raise CliError("choose a command: asyncbk stream --help")
     if hasattr(args, "namespace"):  # bad names fail before anything is contacted
         check_namespace_name(args.namespace)
     if getattr(args, "stream", None) is not None:  # (retention's is optional)
         check_stream_name(args.stream)
     if args.stream_command == "truncate" and args.before.is_marker():
-        raise cli_error("--before needs a position SEGMENT:ENTRY:SLOT (as tail and info "
-                        "print them), not earliest or latest")
+        raise CliError("--before needs a position SEGMENT:ENTRY:SLOT (as tail and info "
+                       "print them), not earliest or latest")
     if args.stream_command == "write" and args.with_txid and args.txid is not None:
-        raise cli_error("--txid and --with-txid exclude each other: with --with-txid each "
-                        "line gives its txid")
+        raise CliError("--txid and --with-txid exclude each other: with --with-txid each "
+                       "line gives its txid")
     options = rack_options(args)  # a bad rack file: before anything is contacted
     configure_logging(args, "warning")
 
@@ -94,7 +113,7 @@ def run_stream(args: argparse.Namespace, run: Callable[..., int],
             raise explain(exc, args) from None
 
     try:
-        code = run(go)
+        code = run_async(go)
         sys.stdout.flush()
     except BrokenPipeError:  # `asyncbk stream ... | head`: the reader has seen enough
         stdout_gone()

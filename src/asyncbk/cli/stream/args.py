@@ -12,7 +12,7 @@ from ...meta.model import DIGESTS
 from ...stream.meta import StreamConfig
 from ...stream.position import Position
 from ...topology import POLICIES, RACK_FILE_FORMAT
-from .. import argtypes
+from ..common import non_negative_float, non_negative_int, positive_int
 from ..security import add_client_security_options
 
 _DEFAULTS = StreamConfig()
@@ -37,9 +37,9 @@ def _size(text: str) -> int:
     return value
 
 
-_positive = argtypes.positive_int
-_non_negative = argtypes.non_negative_int
-_seconds = argtypes.non_negative_float
+_positive = positive_int
+_non_negative = non_negative_int
+_seconds = non_negative_float
 
 
 def _position(text: str) -> Position:
@@ -212,7 +212,8 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
     p = command("tail", "print a stream's records, following it",
                 "Print records as 'POSITION TXID DATA' lines (DATA as text when it is "
                 "UTF-8 without control characters other than tab, else 'hex:' and its hex "
-                "digits) or as JSON lines. Follows the stream until Ctrl-C unless --no-follow or --count.")
+                "digits) or as JSON lines. Follows the stream until Ctrl-C unless --no-follow "
+                "or --count.")
     names(p)
     start = p.add_mutually_exclusive_group()
     start.add_argument("--from", dest="start", type=_position, default=Position.EARLIEST,

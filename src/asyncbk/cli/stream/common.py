@@ -17,33 +17,27 @@ from ...errors import (
     NoSuchStreamError,
     TruncatedError,
 )
+from .. import common as cli_common
+from ..common import CliError
 
 
-def cli_error(message: str) -> Exception:
-    """The CLI's one-line error (``CliError``, imported on call: ``cli.main`` imports
-    this package)."""
-    from ..main import CliError
-
-    return CliError(message)
-
-
-def explain(exc: BKError, args: argparse.Namespace) -> BKError | Exception:
+def explain(exc: BKError, args: argparse.Namespace) -> BKError | CliError:
     """The client's error with what to do next, for the errors a user meets."""
     ns = getattr(args, "namespace", "")
     name = getattr(args, "stream", "")
     if isinstance(exc, NoSuchNamespaceError):
-        return cli_error(f"no namespace {ns!r}; create it with `asyncbk stream "
-                         f"create-namespace {ns}`; `asyncbk stream namespaces` lists them")
+        return CliError(f"no namespace {ns!r}; create it with `asyncbk stream "
+                        f"create-namespace {ns}`; `asyncbk stream namespaces` lists them")
     if isinstance(exc, NoSuchStreamError):
-        return cli_error(f"{exc}; create it with `asyncbk stream create {ns} {name}` (or "
-                         f"`write --create`); `asyncbk stream list {ns}` lists the streams")
+        return CliError(f"{exc}; create it with `asyncbk stream create {ns} {name}` (or "
+                        f"`write --create`); `asyncbk stream list {ns}` lists the streams")
     if isinstance(exc, NamespaceNotEmptyError):
-        return cli_error(f"namespace {ns!r} still has streams: delete them first, or add "
-                         "--force to delete them with it")
+        return CliError(f"namespace {ns!r} still has streams: delete them first, or add "
+                        "--force to delete them with it")
     if isinstance(exc, NamespaceExistsError):
-        return cli_error(f"namespace {ns!r} exists already")
+        return CliError(f"namespace {ns!r} exists already")
     if isinstance(exc, TruncatedError) and args.stream_command == "tail":
-        return cli_error(f"{exc}; start with --from earliest")
+        return CliError(f"{exc}; start with --from earliest")
     return exc
 
 
@@ -63,13 +57,7 @@ def stdout_gone() -> None:
 async def confirm(question: str, refusal: str) -> None:
     """Ask ``question`` on the terminal; CliError(``refusal``) unless the answer is yes.
     Without a terminal, refuse at once."""
-    from ..shell import _read_line
-
-    if not sys.stdin.isatty():
-        raise cli_error(f"{refusal} without confirmation (stdin is not a terminal); add "
-                        "--force")
-    print(f"{question} This cannot be undone. Type yes to delete: ", end="", flush=True)
-    answer = await _read_line(sys.stdin)
-    if answer.strip().lower() != "yes":
-        raise cli_error(f"{refusal}: not confirmed")
-
+    await cli_common.confirm(
+        question,
+        no_terminal=f"{refusal} without confirmation (stdin is not a terminal); add --force",
+        declined=f"{refusal}: not confirmed")

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import stat
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,7 +23,8 @@ from ...errors import (
     TooManyRequestsError,
 )
 from ...stream.position import Position
-from .common import cli_error, records_text, stdout_gone
+from ..common import EXIT_INTERRUPTED, CliError, on_stop_signals
+from .common import records_text, stdout_gone
 from .segments import last_position, segment_rows
 
 STDIN_CHUNK_BYTES = 1 << 20
@@ -141,7 +141,7 @@ async def _write(ns: Any, args: argparse.Namespace, interrupted: asyncio.Event) 
             await ns.create_stream(name)
     sm = await ns.md.stream(ns.name, name)  # NoSuchStreamError before reading stdin
     if sm.ended:
-        raise cli_error(f"stream {ns.name}/{name} was ended: it takes no more writes")
+        raise CliError(f"stream {ns.name}/{name} was ended: it takes no more writes")
     writer = None
     done = _Written()
     txid = args.txid
@@ -186,7 +186,7 @@ async def _write(ns: Any, args: argparse.Namespace, interrupted: asyncio.Event) 
             await writer.abort()
         raise
     if bad_input is not None:
-        raise cli_error(f"{bad_input}; stopped there ({done.summary(ns.name, name)})")
+        raise CliError(f"{bad_input}; stopped there ({done.summary(ns.name, name)})")
     ended = ""
     if args.end and not interrupted.is_set():
         if writer is None:  # nothing written: end the stream all the same
@@ -195,7 +195,7 @@ async def _write(ns: Any, args: argparse.Namespace, interrupted: asyncio.Event) 
         ended = "; stream ended"
     print(done.summary(ns.name, name) + ended
           + ("; interrupted" if interrupted.is_set() else ""))
-    return 130 if interrupted.is_set() else 0
+    return EXIT_INTERRUPTED if interrupted.is_set() else 0
 
 
 # ------------------------------------------------------------------ tail
@@ -287,9 +287,7 @@ async def _write_command(ns: Any, args: argparse.Namespace) -> int:
     """``write``: Ctrl-C (or SIGTERM) stops reading stdin; what was written is made
     durable and summed up, and the exit code is 130."""
     interrupted = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, interrupted.set)
+    on_stop_signals(interrupted.set)
     return await _write(ns, args, interrupted)
 
 
@@ -298,9 +296,7 @@ async def _tail_command(ns: Any, args: argparse.Namespace) -> int:
     tailing (exit code 0)."""
     task = asyncio.current_task()
     assert task is not None
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
+    on_stop_signals(task.cancel)
     try:
         return await _tail(ns, args)
     except asyncio.CancelledError:  # Ctrl-C: a normal way to stop tailing
