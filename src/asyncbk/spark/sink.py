@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructType
 
-from ..errors import BKError, SinkCommitError, SparkOptionError
+from ..errors import BKError
 from ..log import get_logger
 from ..stream.adopt import (
     StagedLedger,
@@ -30,6 +30,7 @@ from ..stream.adopt import (
     sweep,
 )
 from ..stream.client import BookKeeper
+from .errors import SinkCommitError, SparkOptionError
 from .options import WriteOptions
 from .runtime import TaskLoop, namespace_of, run_once
 

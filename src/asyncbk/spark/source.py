@@ -42,19 +42,14 @@ except ImportError:  # pragma: no cover - Spark 4.0/4.1
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         pass
 
-from ..errors import (
-    DataLossError,
-    NoSuchLedgerError,
-    NoSuchStreamError,
-    SparkOptionError,
-    TruncatedError,
-)
+from ..errors import NoSuchLedgerError, NoSuchStreamError, TruncatedError
 from ..log import get_logger
 from ..stream.client import BookKeeper
 from ..stream.namespace import Namespace
 from ..stream.position import Position
 from ..stream.reader import resolve_start
 from .arrow import entry_columns, stream_batch
+from .errors import DataLossError, SparkOptionError
 from .options import ReadOptions, StartSpec, read_options, write_options
 from .plan import Part, Slice, StreamIndex, canonical, partition_bound, split_limit
 from .runtime import LoopThread, TaskLoop, namespace_of, run_once
