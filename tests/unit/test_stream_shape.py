@@ -123,6 +123,23 @@ def test_no_private_name_of_another_module(package: str) -> None:
     assert private_uses(PKG / package) == []
 
 
+STREAM_ORDER = ["__init__", "metrics", "client", "namespace", "writer", "reader", "adopt",
+                "retention", "segment_ledger", "context", "meta", "codec", "position", "stats"]
+"""The modules of ``asyncbk.stream``, each importing only modules after it (the
+order docs/streams.md gives)."""
+
+
+def test_the_stream_modules_import_in_one_direction() -> None:
+    graph = import_graph(PKG / "stream", submodules=True)
+    names = {m.removeprefix("stream").lstrip(".") or "__init__": m for m in graph}
+    assert sorted(names) == sorted(STREAM_ORDER), "place a new module in STREAM_ORDER"
+    short = {full: name for name, full in names.items()}
+    wrong = [f"{mod} imports {dep}" for mod in STREAM_ORDER
+             for dep in sorted(short[d] for d in graph[names[mod]])
+             if STREAM_ORDER.index(dep) <= STREAM_ORDER.index(mod)]
+    assert wrong == []
+
+
 @functools.cache
 def _whole_package() -> dict[str, set[str]]:
     return import_graph(PKG, submodules=True)
