@@ -158,22 +158,6 @@ class TruncatedError(BKError):
     """The position asked for was truncated away (or dropped by retention)."""
 
 
-class DataLossError(TruncatedError):
-    """A Spark query's range of a stream was truncated (or the stream deleted) before it
-    was read; raised when ``failOnDataLoss`` is true (the default)."""
-
-
-class SparkOptionError(ConfigError, ValueError):
-    """An option of ``format("asyncbk")`` is missing or wrong; the message says which and
-    what it takes."""
-
-
-class SinkCommitError(BKError):
-    """A Spark write could not be committed to its stream (nothing of it became visible)."""
-
-    retriable = True
-
-
 class EndOfStreamError(BKError):
     """The stream was marked ended and every record has been read (or a write was
     attempted after the end)."""

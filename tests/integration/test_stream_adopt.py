@@ -31,8 +31,9 @@ async def _all(ns: Namespace, stream: str, expected: int) -> list[StreamRecord]:
 
 async def _stage(ns: Namespace, stream: str, records: list[tuple[int, bytes]],
                  owner: str = "sink-1") -> adopt.StagedLedger:
-    sm = await ns.md.stream(ns.name, stream)
-    w = adopt.StagedWriter(ns, stream, await ns.stream_config(sm), owner, entry_bytes=300)
+    ctx = ns.context
+    sm = await ctx.md.stream(ctx.namespace, stream)
+    w = adopt.StagedWriter(ctx, stream, ctx.stream_config(sm), owner, entry_bytes=300)
     for txid, data in records:
         await w.add(txid, data)
     staged = await w.finish()
@@ -55,7 +56,7 @@ async def test_positions_and_record_numbers_convert_both_ways(cluster: LocalClus
     await w.flush()  # the writer stays open: its segment is open
     records = await _all(ns, "s", 1500)
     assert len(records) == 1500
-    idx = await StreamIndex.load(ns, "s")
+    idx = await StreamIndex.load(ns.context, "s")
     assert len(idx.segments) > 10 and not idx.segments[-1].completed
     for n, rec in enumerate(records):
         if n % 37 == 0 or n == len(records) - 1:
@@ -93,32 +94,32 @@ async def test_adoption_is_atomic_once_per_batch_and_fences_the_writer(
     acked = [await w.write(b"w%d" % i, txid=i) for i in range(5)]
     s1 = await _stage(ns, "out", [(5, b"a%d" % i) for i in range(40)])
     s2 = await _stage(ns, "out", [(6, b"b%d" % i) for i in range(3)])
-    done = await adopt.adopt(ns, "out", [s1, s2], sink_id="q", batch=0)
+    done = await adopt.adopt(ns.context, "out", [s1, s2], sink_id="q", batch=0)
     assert not done.replayed and [s.records for s in done.segments] == [40, 3]
     with pytest.raises(WriterFencedError):
         await w.write(b"late")
     await w.abort()
     # an abort after a commit whose answer was lost must not delete what it adopted
-    assert await adopt.discard(ns, "out", [s1.ledger_id, s2.ledger_id]) == 0
+    assert await adopt.discard(ns.context, "out", [s1.ledger_id, s2.ledger_id]) == 0
     recs = await _all(ns, "out", 48)
     assert [r.data for r in recs] == [b"w%d" % i for i in range(5)] + \
         [b"a%d" % i for i in range(40)] + [b"b%d" % i for i in range(3)]
     assert recs[4].position == acked[4]
     # the same batch again (Spark's replay after the commit landed): nothing added
     s3 = await _stage(ns, "out", [(7, b"again")])
-    assert (await adopt.adopt(ns, "out", [s3], sink_id="q", batch=0)).replayed
-    await adopt.discard(ns, "out", [s3.ledger_id])
+    assert (await adopt.adopt(ns.context, "out", [s3], sink_id="q", batch=0)).replayed
+    await adopt.discard(ns.context, "out", [s3.ledger_id])
     # decreasing txids: refused, nothing visible
     s4 = await _stage(ns, "out", [(2, b"old")])
     with pytest.raises(InvalidTxidError, match="below 6, the stream's last txid"):
-        await adopt.adopt(ns, "out", [s4], sink_id="q", batch=1)
+        await adopt.adopt(ns.context, "out", [s4], sink_id="q", batch=1)
     assert len(await _all(ns, "out", 48)) == 48
-    assert await adopt.last_batch(ns, "out", "q") == 0
+    assert await adopt.last_batch(ns.context, "out", "q") == 0
     # many ledgers: merged into few, order kept
     monkeypatch.setattr(adopt, "ADOPT_LEDGERS_MAX", 2)
     many = [await _stage(ns, "out", [(10 + i, b"m%d-%d" % (i, j)) for j in range(4)])
             for i in range(5)]
-    done = await adopt.adopt(ns, "out", many, sink_id="q", batch=1)
+    done = await adopt.adopt(ns.context, "out", many, sink_id="q", batch=1)
     assert len(done.segments) == 2
     assert [r.data for r in (await _all(ns, "out", 68))[48:]] == \
         [b"m%d-%d" % (i, j) for i in range(5) for j in range(4)]
@@ -126,7 +127,7 @@ async def test_adoption_is_atomic_once_per_batch_and_fences_the_writer(
         with pytest.raises(NoSuchLedgerError):
             await bk.open_ledger(s.ledger_id, recovery=False)
     # what no commit adopts is swept: s4 (refused) is still staged
-    assert await adopt.sweep(ns, "out", owner="sink-1") == 1
+    assert await adopt.sweep(ns.context, "out", owner="sink-1") == 1
     with pytest.raises(NoSuchLedgerError):
         await bk.open_ledger(s4.ledger_id, recovery=False)
     # deleting the stream removes its markers and anything still staged

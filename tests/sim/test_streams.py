@@ -21,7 +21,9 @@ invariant 7 of ARCHITECTURE.md:
 The scripted tests freeze one side of a race at a metadata transaction (every
 change to a stream's segments is one ``kv_txn``, which ``TxnGateStore`` can
 hold) or at a ledger close.  A failure names its seed (``STREAM_SIM_SEEDS=1,2,3``,
-the default, chooses the seeds of the randomized tests).
+the default, chooses the seeds of the randomized tests), and a seed replays the
+same run: everything random, the writers' takeover back-off included, comes from
+the seed (``test_a_seed_replays_the_same_run``).
 """
 
 from __future__ import annotations
@@ -93,12 +95,14 @@ class TxnGateStore(BlockableStore):
         return await super().kv_txn(compare, put, delete, delete_prefix)
 
 
-def stream_client(c: SimCluster, name: str, cfg: ClientConfig | None = None) -> BookKeeper:
+def stream_client(c: SimCluster, name: str, cfg: ClientConfig | None = None,
+                  rng: random.Random | None = None) -> BookKeeper:
     """The stream-enabled client, built the way ``SimCluster.client`` builds the ledger
-    client (closed by ``c.stop()``)."""
+    client (closed by ``c.stop()``); ``rng``: its random generator (default: one
+    seeded from the cluster's)."""
     store = TxnGateStore(c.history, state=c.state)
     bk = BookKeeper(store, cfg or config(), connector=c.net.connector(name),
-                    rng=random.Random(c.rng.getrandbits(64)))
+                    rng=rng if rng is not None else random.Random(c.rng.getrandbits(64)))
     bk.bookies.start()
     c.clients.append(bk)
     return bk
@@ -144,7 +148,6 @@ def run_seeded(seed: int, body: Callable[[], Awaitable[None]]) -> None:
     nothing outlives it."""
     async def main() -> None:
         _clusters.clear()
-        random.seed(seed)  # the writer's takeover backoff draws from the global generator
         try:
             await body()
         except BaseException:
@@ -589,6 +592,79 @@ def test_two_openers_race(seed: int) -> None:
         await c.stop()
 
     run_seeded(seed, body)
+
+
+class CountingRandom(random.Random):
+    """A random generator that counts the draws of ``random()`` (back-off jitter)."""
+
+    draws = 0
+
+    def random(self) -> float:
+        self.draws += 1
+        return super().random()
+
+
+async def openers_race(seed: int, openers: int = 4) -> list[Any]:
+    """Several clients open a writer at the same virtual instant while another writes:
+    those that lose the race back off (jitter from their client's generator) and
+    open again, each fencing the one before.  Returns what happened, with virtual
+    times: the trace that the same seed must reproduce."""
+    rng = random.Random(seed)
+    c, _ = await new_cluster(seed, rolling_entries=rng.choice([0, 10]))
+    loop = asyncio.get_running_loop()
+    book = Book()
+    w0 = await (await namespace_of(c, "w0")).open_writer(STREAM)
+    p0 = asyncio.create_task(pump(w0, book, rng))
+    await asyncio.sleep(rng.uniform(0.2, 1.0))
+    rngs = [CountingRandom(c.rng.getrandbits(64)) for _ in range(openers)]
+    spaces = [await stream_client(c, f"o{i}", rng=r).namespace(NS) for i, r in enumerate(rngs)]
+
+    async def open_one(ns: Namespace) -> tuple[StreamWriter, float]:
+        w = await ns.open_writer(STREAM)
+        return w, loop.time()
+
+    opened = await asyncio.gather(*(open_one(ns) for ns in spaces))
+    assert sum(r.draws for r in rngs) > 0, "no opener lost the race and backed off"
+    outcome: list[Any] = []
+    for w, at_s in opened:
+        t = next(book.txids)
+        try:
+            book.acked[t] = await w.write(data_for(t), txid=t)
+            outcome.append((w.segment, at_s, "wrote", book.acked[t]))
+        except WriterFencedError:
+            outcome.append((w.segment, at_s, "fenced"))
+    assert [o[2] for o in outcome].count("wrote") == 1, outcome
+    assert isinstance(await asyncio.wait_for(p0, 30), WriterFencedError)
+    final = await (await namespace_of(c, "final")).open_writer(STREAM)
+    await final.close()
+    records, info = await read_back(c)
+    check_stream(records, info, book)
+    await c.stop()
+    segments = [(s.seq, s.ledger_id, s.state, s.records, s.start_sequence, s.first_txid,
+                 s.last_txid, s.last_position) for s in info.segments]
+    return [outcome, [r.draws for r in rngs], sorted(book.acked.items()), segments,
+            [(r.position, r.txid, r.data) for r in records], loop.time()]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_seed_replays_the_same_run(seed: int) -> None:
+    """The same seed twice gives the same run, to the virtual microsecond, also where
+    writers race to open a stream and back off, whatever state the process's global
+    random generator is in."""
+    def run() -> list[Any]:
+        trace: list[Any] = []
+
+        async def body() -> None:
+            trace.extend(await openers_race(seed))
+
+        run_seeded(seed, body)
+        return trace
+
+    random.seed(seed)
+    first = run()
+    random.seed(seed + 1)  # the global generator's state must not matter
+    second = run()
+    assert first == second
 
 
 def test_two_openers_race_with_the_first_commit_held() -> None:

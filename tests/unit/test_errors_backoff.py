@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import random
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given
@@ -16,7 +18,7 @@ from asyncbk.errors import InvariantError, is_retriable
 RETRIABLE = {
     "NotEnoughBookiesError", "PlacementError", "BookieUnavailableError",
     "MetadataVersionError", "TimeoutError", "BookieReadOnlyError", "TooManyRequestsError",
-    "BookieIOError", "MetadataError", "ReadBeyondLastAddConfirmedError", "SinkCommitError",
+    "BookieIOError", "MetadataError", "ReadBeyondLastAddConfirmedError",
 }
 
 
@@ -81,3 +83,46 @@ def test_backoff_jitter_comes_from_the_given_rng() -> None:
 def test_backoff_refuses_nonsense_bounds(initial: float, cap: float, jitter: float) -> None:
     with pytest.raises(InvariantError):
         Backoff(initial, cap, jitter=jitter)
+
+
+# --------------------------------------------------------------------------- Spark's errors
+
+SPARK_RETRIABLE = {"SinkCommitError"}
+
+
+def test_spark_errors_live_in_the_spark_package_and_say_whether_to_retry() -> None:
+    from asyncbk.spark import errors as spark_errors
+
+    classes = {name: cls for name, cls in inspect.getmembers(spark_errors, inspect.isclass)
+               if issubclass(cls, errors.BKError) and cls.__module__ == spark_errors.__name__}
+    assert set(classes) == {"DataLossError", "SparkOptionError", "SinkCommitError"}
+    assert not set(classes) & set(_error_classes()), "asyncbk.errors holds no Spark-only class"
+    for name, cls in classes.items():
+        assert isinstance(cls.retriable, bool), name
+        assert cls.retriable is (name in SPARK_RETRIABLE), name
+        assert is_retriable(cls("x")) is cls.retriable
+    # their base classes are what callers catch them by
+    assert issubclass(spark_errors.DataLossError, errors.TruncatedError)
+    assert issubclass(spark_errors.SparkOptionError, errors.ConfigError)
+    assert issubclass(spark_errors.SparkOptionError, ValueError)
+    assert issubclass(spark_errors.SinkCommitError, errors.BKError)
+
+
+def test_spark_errors_import_without_pyspark() -> None:
+    """``asyncbk.spark.errors`` (and the options and planner) need no PySpark; what does
+    need it says which extra to install."""
+    code = "\n".join([
+        "import sys",
+        "sys.modules['pyspark'] = None  # as if PySpark were not installed",
+        "from asyncbk.spark.errors import DataLossError, SinkCommitError, SparkOptionError",
+        "from asyncbk.spark.options import read_options",
+        "from asyncbk.spark.plan import StreamIndex",
+        "try:",
+        "    from asyncbk.spark import AsyncbkDataSource",
+        "except ImportError as exc:",
+        "    print('refused:', exc)",
+    ])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == \
+        "refused: asyncbk.spark needs PySpark 4: pip install 'asyncbk[spark]'", r.stdout

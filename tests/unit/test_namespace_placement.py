@@ -26,8 +26,7 @@ from asyncbk.errors import ConfigError, PlacementError
 from asyncbk.meta import keys
 from asyncbk.meta.memory import MemoryMetadataStore
 from asyncbk.stream.client import BookKeeper
-from asyncbk.stream.meta import StreamConfig, StreamMetadata, config_from
-from asyncbk.stream.namespace import placement_spec
+from asyncbk.stream.meta import StreamConfig, StreamMetadata, config_from, placement_spec
 from asyncbk.testing.sim import BlockableStore, SimCluster, run_sim
 
 PW = b"pw"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncbk.errors import SparkOptionError
+from asyncbk.spark.errors import SparkOptionError
 from asyncbk.spark.options import read_options, write_options
 from asyncbk.spark.plan import partition_bound, split_limit
 from asyncbk.stream.position import Position

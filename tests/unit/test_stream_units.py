@@ -19,6 +19,7 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
+from asyncbk.config import ClientConfig
 from asyncbk.errors import (
     ConfigError,
     CorruptRecordError,
@@ -453,6 +454,7 @@ async def test_stream_exists_is_exact(exists: str | None, others: list[str],
 
     class _BK:
         meta = store
+        config = ClientConfig()
 
     ns = Namespace(_BK(), "n", StreamConfig(), StreamStats())  # type: ignore[arg-type]
     assert await ns.stream_exists("a" if exists is None else exists) is expected

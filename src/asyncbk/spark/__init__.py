@@ -7,18 +7,37 @@ and an exactly-once sink (Spark 4; ``pip install asyncbk[spark]``).
           .option("namespace", "orders").option("streams", "eu,us").load())
 
 See docs/spark.md.  The rest of asyncbk never imports this package (nor pyspark).
+The names below are loaded on first use, so that the parts that need no PySpark
+(:mod:`asyncbk.spark.errors`, the options and the planner) import without it.
 """
 
 from __future__ import annotations
 
-try:
-    import pyspark  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("asyncbk.spark needs PySpark 4: pip install 'asyncbk[spark]'") from exc
+from typing import TYPE_CHECKING, Any
 
-from .session import local_session
-from .sink import AsyncbkCommitMessage
-from .source import LEDGER_SCHEMA, STREAM_SCHEMA, AsyncbkDataSource, AsyncbkPartition
+if TYPE_CHECKING:
+    from .session import local_session
+    from .sink import AsyncbkCommitMessage
+    from .source import LEDGER_SCHEMA, STREAM_SCHEMA, AsyncbkDataSource, AsyncbkPartition
 
 __all__ = ["LEDGER_SCHEMA", "STREAM_SCHEMA", "AsyncbkCommitMessage", "AsyncbkDataSource",
            "AsyncbkPartition", "local_session"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as exc:
+        raise ImportError("asyncbk.spark needs PySpark 4: pip install 'asyncbk[spark]'") from exc
+    from .session import local_session
+    from .sink import AsyncbkCommitMessage
+    from .source import LEDGER_SCHEMA, STREAM_SCHEMA, AsyncbkDataSource, AsyncbkPartition
+
+    found = {"LEDGER_SCHEMA": LEDGER_SCHEMA, "STREAM_SCHEMA": STREAM_SCHEMA,
+             "AsyncbkCommitMessage": AsyncbkCommitMessage,
+             "AsyncbkDataSource": AsyncbkDataSource, "AsyncbkPartition": AsyncbkPartition,
+             "local_session": local_session}
+    globals().update(found)
+    return found[name]

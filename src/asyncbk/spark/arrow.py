@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..stream import codec
+from ..stream.codec import VERSION, decode
 
 _HEADER = struct.Struct(">BBIQ")
 _RECORD = struct.Struct(">QI")
@@ -38,7 +38,7 @@ def entry_columns(payload: bytes, where: str, lo: int, hi: int | None) -> tuple[
         version, _flags, count, _before = _HEADER.unpack_from(payload, 0)
         _txid, length = _RECORD.unpack_from(payload, _HEADER.size)
         stride = _RECORD.size + length
-        if version == codec.VERSION and count and \
+        if version == VERSION and count and \
                 len(payload) == _HEADER.size + count * stride:
             rows = np.frombuffer(payload, np.uint8, count * stride,
                                  _HEADER.size).reshape(count, stride)
@@ -54,7 +54,7 @@ def entry_columns(payload: bytes, where: str, lo: int, hi: int | None) -> tuple[
                 datas = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
                                                                pa.py_buffer(data)])
                 return pa.array(txids, pa.int64()), datas, lo, top
-    records = codec.decode(payload, where).records
+    records = decode(payload, where).records
     top = len(records) if hi is None else min(hi, len(records))
     lo = min(lo, top)
     picked = records[lo:top]

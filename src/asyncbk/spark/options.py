@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..errors import InvalidNameError, SparkOptionError
+from ..errors import InvalidNameError
 from ..stream.meta import check_namespace_name, check_stream_name
 from ..stream.position import Position
+from .errors import SparkOptionError
 
 MAX_RECORDS_PER_PARTITION = 100_000
 OPERATION_TIMEOUT_S = 120.0

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 
 from ..client.ledger import ReadHandle
 from ..errors import NoSuchLedgerError, TruncatedError
-from ..stream import codec
+from ..stream.codec import decode
+from ..stream.context import StreamContext
 from ..stream.meta import Segment
-from ..stream.namespace import Namespace
 from ..stream.position import Position
+from ..stream.segment_ledger import durable_end, open_for_read
 
 HEADER_CACHE_MAX = 4096
 
@@ -66,10 +67,10 @@ class StreamIndex:
     """Positions and sequence numbers of one stream, from one read of its segment list
     (make a new index to see later segments)."""
 
-    def __init__(self, ns: Namespace, stream: str, segments: list[Segment],
+    def __init__(self, ctx: StreamContext, stream: str, segments: list[Segment],
                  first: Segment | None = None, from_seq: int = 0) -> None:
-        self.ns = ns
-        self.bk = ns.bk
+        self.ctx = ctx
+        self.namespace = ctx.namespace
         self.stream = stream
         self.segments = segments
         """The segments numbered ``from_seq`` or more."""
@@ -81,15 +82,16 @@ class StreamIndex:
         self._ends: dict[int, tuple[int, int]] = {}
 
     @classmethod
-    async def load(cls, ns: Namespace, stream: str, from_seq: int = 0) -> StreamIndex:
+    async def load(cls, ctx: StreamContext, stream: str, from_seq: int = 0) -> StreamIndex:
         """The index of ``stream`` for positions in segment ``from_seq`` and later (a
         long stream's older segments are not read)."""
+        md, ns = ctx.md, ctx.namespace
         if from_seq <= 0:
-            return cls(ns, stream, await ns.md.segments(ns.name, stream))
-        first = await ns.md.segments(ns.name, stream, limit=1)
+            return cls(ctx, stream, await md.segments(ns, stream))
+        first = await md.segments(ns, stream, limit=1)
         if not first or first[0].seq >= from_seq:
-            return cls(ns, stream, await ns.md.segments(ns.name, stream))
-        return cls(ns, stream, await ns.md.segments(ns.name, stream, from_seq=from_seq),
+            return cls(ctx, stream, await md.segments(ns, stream))
+        return cls(ctx, stream, await md.segments(ns, stream, from_seq=from_seq),
                    first[0], from_seq)
 
     # ---------------------------------------------------------------- entries
@@ -98,10 +100,10 @@ class StreamIndex:
         rh = self._handles.get(seg.ledger_id)
         if rh is None:
             try:
-                rh = await self.bk.open_ledger(seg.ledger_id, recovery=False)
+                rh = await open_for_read(self.ctx, seg.ledger_id)
             except NoSuchLedgerError:
                 raise TruncatedError(
-                    f"stream {self.ns.name}/{self.stream}: segment {seg.seq} (ledger "
+                    f"stream {self.namespace}/{self.stream}: segment {seg.seq} (ledger "
                     f"{seg.ledger_id}) is gone: truncated or deleted") from None
             self._handles[seg.ledger_id] = rh
         return rh
@@ -113,8 +115,8 @@ class StreamIndex:
         if got is None:
             rh = await self._handle(seg)
             data = (await rh.read_unconfirmed(entry, entry))[0].data
-            batch = codec.decode(data, f"stream {self.ns.name}/{self.stream} segment "
-                                       f"{seg.seq} entry {entry}")
+            batch = decode(data, f"stream {self.namespace}/{self.stream} segment "
+                                 f"{seg.seq} entry {entry}")
             got = (batch.records_before, len(batch.records))
             if len(self._headers) >= HEADER_CACHE_MAX:
                 self._headers.clear()
@@ -132,8 +134,7 @@ class StreamIndex:
                 rh = await self._handle(seg)
             except TruncatedError:  # an open segment whose ledger never came to be
                 return -1, 0
-            md = rh.metadata
-            last = md.last_entry_id if md.is_closed else rh.last_add_confirmed
+            last = durable_end(rh)
             if last < 0:
                 got = (-1, 0)
             else:
@@ -192,7 +193,7 @@ class StreamIndex:
         there yet).  TruncatedError if ``pos`` was truncated."""
         if self.truncated(pos):
             raise TruncatedError(
-                f"stream {self.ns.name}/{self.stream}: position {pos} was truncated; the "
+                f"stream {self.namespace}/{self.stream}: position {pos} was truncated; the "
                 f"stream now starts at {self.first_position}")
         self._covers(pos)
         seg = next((s for s in self.segments if s.seq >= pos.segment), None)
@@ -214,7 +215,7 @@ class StreamIndex:
         written yet)."""
         if sequence < self.first_sequence:
             raise TruncatedError(
-                f"stream {self.ns.name}/{self.stream}: record {sequence} was truncated; the "
+                f"stream {self.namespace}/{self.stream}: record {sequence} was truncated; the "
                 f"stream now starts at record {self.first_sequence}")
         if self.segments and sequence < self.segments[0].start_sequence:
             raise ValueError(f"record {sequence} is before segment {self.from_seq}, where "

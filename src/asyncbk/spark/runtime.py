@@ -26,11 +26,12 @@ from typing import Any, TypeVar
 
 import uvloop
 
-from ..errors import BKError, MetadataError, NoSuchNamespaceError, SparkOptionError
+from ..errors import BKError, MetadataError, NoSuchNamespaceError
 from ..net.etcd_security import etcd_security
 from ..net.security import client_context, read_token
 from ..stream.client import BookKeeper
 from ..stream.namespace import Namespace
+from .errors import SparkOptionError
 from .options import ReadOptions, WriteOptions
 
 T = TypeVar("T")

@@ -17,10 +17,20 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructType
 
-from ..errors import BKError, SinkCommitError, SparkOptionError
+from ..errors import BKError
 from ..log import get_logger
-from ..stream import adopt
+from ..stream.adopt import (
+    StagedLedger,
+    StagedWriter,
+    adopt,
+    discard,
+    last_txid,
+    staged_from,
+    staged_to,
+    sweep,
+)
 from ..stream.client import BookKeeper
+from .errors import SinkCommitError, SparkOptionError
 from .options import WriteOptions
 from .runtime import TaskLoop, namespace_of, run_once
 
@@ -104,11 +114,11 @@ def _write_task(opts: WriteOptions, layout: _RowLayout, rows: Iterator[Any],
         assert tl.bk is not None
         bk = tl.bk
 
-        async def begin() -> tuple[adopt.StagedWriter, int]:
-            ns = await namespace_of(bk, opts.namespace)
-            sm = await ns.md.stream(ns.name, opts.stream)
-            writer = adopt.StagedWriter(ns, opts.stream, await ns.stream_config(sm), owner)
-            return writer, await adopt.last_txid(ns, opts.stream) + 1
+        async def begin() -> tuple[StagedWriter, int]:
+            ctx = (await namespace_of(bk, opts.namespace)).context
+            sm = await ctx.md.stream(ctx.namespace, opts.stream)
+            writer = StagedWriter(ctx, opts.stream, ctx.stream_config(sm), owner)
+            return writer, await last_txid(ctx, opts.stream) + 1
 
         writer, base = tl.run(begin())
 
@@ -138,13 +148,13 @@ def _write_task(opts: WriteOptions, layout: _RowLayout, rows: Iterator[Any],
         except BaseException:
             tl.run(writer.abort())
             raise
-    return AsyncbkCommitMessage(adopt.staged_to(staged) if staged else None, owner, partition)
+    return AsyncbkCommitMessage(staged_to(staged) if staged else None, owner, partition)
 
 
-def _staged(messages: list[Any]) -> list[adopt.StagedLedger]:
+def _staged(messages: list[Any]) -> list[StagedLedger]:
     ok = sorted((m for m in messages if isinstance(m, AsyncbkCommitMessage) and m.staged),
                 key=lambda m: m.partition)
-    return [adopt.staged_from(m.staged) for m in ok if m.staged is not None]
+    return [staged_from(m.staged) for m in ok if m.staged is not None]
 
 
 class BatchWriter(DataSourceWriter):
@@ -166,12 +176,12 @@ class BatchWriter(DataSourceWriter):
         staged = _staged(messages)
 
         async def commit(bk: BookKeeper) -> None:
-            ns = await namespace_of(bk, self.opts.namespace)
-            done = await adopt.adopt(ns, self.opts.stream, staged, sink_id=self.opts.sink_id,
-                                     batch=self.opts.batch_id)
+            ctx = (await namespace_of(bk, self.opts.namespace)).context
+            done = await adopt(ctx, self.opts.stream, staged, sink_id=self.opts.sink_id,
+                               batch=self.opts.batch_id)
             if done.replayed:  # sinkId + batchId written before: add nothing twice
-                await adopt.discard(ns, self.opts.stream, [s.ledger_id for s in staged])
-            await adopt.sweep(ns, self.opts.stream, owner=self.owner)
+                await discard(ctx, self.opts.stream, [s.ledger_id for s in staged])
+            await sweep(ctx, self.opts.stream, owner=self.owner)
 
         run_once(self.opts, commit)
 
@@ -179,14 +189,14 @@ class BatchWriter(DataSourceWriter):
         _discard(self.opts, _staged(messages), self.owner)
 
 
-def _discard(opts: WriteOptions, staged: list[adopt.StagedLedger], owner: str | None) -> None:
-    async def discard(bk: BookKeeper) -> None:
-        ns = await namespace_of(bk, opts.namespace)
-        await adopt.discard(ns, opts.stream, [s.ledger_id for s in staged])
+def _discard(opts: WriteOptions, staged: list[StagedLedger], owner: str | None) -> None:
+    async def discard_all(bk: BookKeeper) -> None:
+        ctx = (await namespace_of(bk, opts.namespace)).context
+        await discard(ctx, opts.stream, [s.ledger_id for s in staged])
         if owner is not None:
-            await adopt.sweep(ns, opts.stream, owner=owner)
+            await sweep(ctx, opts.stream, owner=owner)
 
-    run_once(opts, discard)
+    run_once(opts, discard_all)
 
 
 class MicroBatchWriter(DataSourceStreamWriter):
@@ -216,13 +226,13 @@ class MicroBatchWriter(DataSourceStreamWriter):
             return  # an empty batch: nothing to add, nothing to record
 
         async def commit(bk: BookKeeper) -> None:
-            ns = await namespace_of(bk, self.opts.namespace)
-            done = await adopt.adopt(ns, self.opts.stream, staged, sink_id=owner, batch=batchId)
+            ctx = (await namespace_of(bk, self.opts.namespace)).context
+            done = await adopt(ctx, self.opts.stream, staged, sink_id=owner, batch=batchId)
             if done.replayed:  # committed before Spark could record it: add nothing twice
-                await adopt.discard(ns, self.opts.stream, [s.ledger_id for s in staged])
+                await discard(ctx, self.opts.stream, [s.ledger_id for s in staged])
                 _log.info("batch committed before; its replay adds nothing",
                           stream=self.opts.stream, batch=batchId, last=done.last_batch)
-            await adopt.sweep(ns, self.opts.stream, owner=owner)
+            await sweep(ctx, self.opts.stream, owner=owner)
 
         run_once(self.opts, commit)
 

@@ -42,19 +42,14 @@ except ImportError:  # pragma: no cover - Spark 4.0/4.1
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         pass
 
-from ..errors import (
-    DataLossError,
-    NoSuchLedgerError,
-    NoSuchStreamError,
-    SparkOptionError,
-    TruncatedError,
-)
+from ..errors import NoSuchLedgerError, NoSuchStreamError, TruncatedError
 from ..log import get_logger
 from ..stream.client import BookKeeper
 from ..stream.namespace import Namespace
 from ..stream.position import Position
 from ..stream.reader import resolve_start
-from . import arrow
+from .arrow import entry_columns, stream_batch
+from .errors import DataLossError, SparkOptionError
 from .options import ReadOptions, StartSpec, read_options, write_options
 from .plan import Part, Slice, StreamIndex, canonical, partition_bound, split_limit
 from .runtime import LoopThread, TaskLoop, namespace_of, run_once
@@ -151,7 +146,7 @@ async def _selected(ns: Namespace, opts: ReadOptions, strict: bool = True) -> li
     return sorted(found)
 
 
-async def _resolve(ns: Namespace, idx: StreamIndex, spec: StartSpec, opts: ReadOptions,
+async def _resolve(idx: StreamIndex, spec: StartSpec, opts: ReadOptions,
                    option: str) -> Position:
     """A real position for a start or end spec of one stream."""
     if spec.kind == "earliest":
@@ -160,10 +155,10 @@ async def _resolve(ns: Namespace, idx: StreamIndex, spec: StartSpec, opts: ReadO
         return await idx.end_position()
     if spec.kind == "txid":
         assert spec.txid is not None
-        return await resolve_start(ns, idx.stream, None, spec.txid)
+        return await resolve_start(idx.ctx, idx.stream, None, spec.txid)
     assert spec.position is not None
     if idx.truncated(spec.position):
-        _data_loss(opts, ns.name, idx.stream,
+        _data_loss(opts, idx.namespace, idx.stream,
                    f"{option} {spec.position} was truncated; the stream now starts at "
                    f"{idx.first_position}")
         return idx.first_position
@@ -211,9 +206,9 @@ async def _plan_batch(bk: BookKeeper, opts: ReadOptions) -> list[AsyncbkPartitio
     ns = await namespace_of(bk, opts.namespace)
     ranges: list[_Range] = []
     for name in await _selected(ns, opts):
-        idx = await StreamIndex.load(ns, name)
-        start = await _resolve(ns, idx, opts.starting.for_stream(name), opts, "startingPositions")
-        end = await _resolve(ns, idx, opts.ending.for_stream(name), opts, "endingPositions")
+        idx = await StreamIndex.load(ns.context, name)
+        start = await _resolve(idx, opts.starting.for_stream(name), opts, "startingPositions")
+        end = await _resolve(idx, opts.ending.for_stream(name), opts, "endingPositions")
         if (r := await _counted(idx, start, end, opts, ns.name)) is not None:
             ranges.append(r)
     return await _partitions(ranges, opts)
@@ -254,10 +249,10 @@ def _stream_batch(stream: str, namespace: str, sl: Slice, entries: list[Any]) ->
         eid = entry.entry_id
         lo = sl.first_slot if eid == sl.first_entry else 0
         hi = sl.end_slot if eid == sl.last_entry and sl.end_slot is not None else None
-        txids, datas, lo, hi = arrow.entry_columns(
+        txids, datas, lo, hi = entry_columns(
             entry.data, f"stream {namespace}/{stream} segment {sl.segment} entry {eid}", lo, hi)
         pieces.append((eid, txids, datas, lo, hi))
-    return arrow.stream_batch(stream, sl.segment, pieces)
+    return stream_batch(stream, sl.segment, pieces)
 
 
 def _read_partition(opts: ReadOptions, partition: AsyncbkPartition) -> Iterator[pa.RecordBatch]:
@@ -365,9 +360,9 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             ns = await namespace_of(bk, self.opts.namespace)
             out = {}
             for name in await _selected(ns, self.opts):
-                idx = await StreamIndex.load(ns, name)
+                idx = await StreamIndex.load(ns.context, name)
                 spec = self.opts.starting.for_stream(name)
-                out[name] = str(await _resolve(ns, idx, spec, self.opts, "startingPositions"))
+                out[name] = str(await _resolve(idx, spec, self.opts, "startingPositions"))
             return canonical(out)
 
         return self._run(initial)
@@ -386,7 +381,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     _data_loss(self.opts, ns.name, name, "the stream was deleted")
                 continue
             begin_seq = Position.parse(start[name]).segment if name in start else 0
-            idx = await StreamIndex.load(ns, name, begin_seq)
+            idx = await StreamIndex.load(ns.context, name, begin_seq)
             end = await idx.end_position()
             available[name] = str(end)
             if self._target is not None:
@@ -452,7 +447,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         for name in sorted(end):
             try:
                 idx = await StreamIndex.load(
-                    ns, name, Position.parse(start[name]).segment if name in start else 0)
+                    ns.context, name, Position.parse(start[name]).segment if name in start else 0)
             except NoSuchStreamError:
                 _data_loss(self.opts, ns.name, name, "the stream was deleted")
                 continue

@@ -23,8 +23,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
 from ..errors import (
     BKError,
     EndOfStreamError,
@@ -33,16 +31,20 @@ from ..errors import (
     NoSuchLedgerError,
     WriterFencedError,
 )
-from ..log import get_logger
-from ..meta import keys
-from . import codec
-from .meta import COMPLETED, Segment, StreamConfig
-from .namespace import placement_spec
-from .writer import _recover_segment
+from .codec import RECORD_OVERHEAD_BYTES, decode, encode
+from .context import StreamContext
+from .meta import COMPLETED, Segment, SinkMark, StreamConfig
+from .segment_ledger import (
+    create_staged_ledger,
+    delete_ledger,
+    discard_ledger,
+    durable_end,
+    open_for_read,
+    recover_segment,
+)
 
 if TYPE_CHECKING:
     from ..client.ledger import LedgerHandle
-    from .namespace import Namespace
 
 ADOPT_ATTEMPTS = 20
 ADOPT_LEDGERS_MAX = 40
@@ -70,9 +72,9 @@ class StagedLedger:
 class StagedWriter:
     """Writes records into a new staged ledger of ``stream`` (see the module docstring)."""
 
-    def __init__(self, ns: Namespace, stream: str, config: StreamConfig, owner: str,
+    def __init__(self, ctx: StreamContext, stream: str, config: StreamConfig, owner: str,
                  entry_bytes: int = ENTRY_BYTES) -> None:
-        self.ns = ns
+        self.ctx = ctx
         self.stream = stream
         self.config = config
         self.owner = owner
@@ -89,17 +91,12 @@ class StagedWriter:
         self._inflight: set[asyncio.Future[int]] = set()
 
     async def _open(self) -> None:
-        lh = await self.ns.bk.create_ledger(
-            self.config.ensemble_size, self.config.write_quorum, self.config.ack_quorum,
-            digest=self.config.digest,
-            metadata={"asyncbk.stream": f"{self.ns.name}/{self.stream}".encode(),
-                      "asyncbk.staged-by": self.owner.encode()},
-            placement=placement_spec(self.config))
-        key = keys.staging(self.ns.md.root, self.ns.name, self.stream, lh.id)
+        ctx = self.ctx
+        lh = await create_staged_ledger(ctx, self.stream, self.config, self.owner)
         try:
-            await self.ns.bk.meta.kv_txn([], put=[(key, msgpack.packb({"owner": self.owner}))])
+            await ctx.md.stage(ctx.namespace, self.stream, lh.id, self.owner)
         except BaseException:
-            await self.ns.discard_ledger(lh)
+            await discard_ledger(ctx, lh)
             raise
         self._lh = lh
 
@@ -112,7 +109,7 @@ class StagedWriter:
             self._first_txid = txid
         self._last_txid = txid
         self._records += 1
-        size = len(data) + codec.RECORD_OVERHEAD_BYTES
+        size = len(data) + RECORD_OVERHEAD_BYTES
         if self._datas and self._pending_bytes + size > self.entry_bytes:
             await self._send()
         self._txids.append(txid)
@@ -130,7 +127,7 @@ class StagedWriter:
                 self._inflight.discard(fut)
                 fut.result()
         before = self._records - len(self._datas)
-        fut = lh.append(codec.encode(before, self._txids, self._datas))
+        fut = lh.append(encode(before, self._txids, self._datas))
         self._inflight.add(fut)
         self._last_entry += 1
         self._last_count = len(self._datas)
@@ -157,10 +154,10 @@ class StagedWriter:
         self._inflight.clear()
         if self._lh is not None:
             await self._lh.close_quietly()
-            await discard(self.ns, self.stream, [self._lh.id])
+            await discard(self.ctx, self.stream, [self._lh.id])
 
 
-async def discard(ns: Namespace, stream: str, ledger_ids: Iterable[int]) -> int:
+async def discard(ctx: StreamContext, stream: str, ledger_ids: Iterable[int]) -> int:
     """Delete staged ledgers that are still staged; returns how many.
 
     A ledger counts as staged while its staging key exists: the key is removed
@@ -170,18 +167,9 @@ async def discard(ns: Namespace, stream: str, ledger_ids: Iterable[int]) -> int:
     ``abort`` after a commit whose answer was lost)."""
     gone = 0
     for ledger_id in ledger_ids:
-        key = keys.staging(ns.md.root, ns.name, stream, ledger_id)
-        kv = await ns.bk.meta.kv_get(key)
-        if kv is None:
-            continue  # adopted, or discarded before
-        try:
-            await ns.bk.meta.kv_txn([(key, kv.version)], delete=[key])
-        except MetadataVersionError:
-            continue  # a commit adopted it meanwhile
-        try:
-            await ns.bk.delete_ledger(ledger_id)
-        except NoSuchLedgerError:
-            pass
+        if not await ctx.md.unstage(ctx.namespace, stream, ledger_id):
+            continue  # adopted (maybe meanwhile), or discarded before
+        await delete_ledger(ctx, ledger_id)
         gone += 1
     return gone
 
@@ -190,15 +178,15 @@ UNCONFIRMED_PROBE_MAX = 16
 """Entries past an open segment's LAC that :func:`_durable_last_txid` looks for."""
 
 
-async def _durable_last_txid(ns: Namespace, seg: Segment) -> int:
+async def _durable_last_txid(ctx: StreamContext, seg: Segment) -> int:
     """The last txid of an open segment, without fencing its writer: from the last
     entry the bookies have, also past the LAC (the writer's latest acknowledged
     entries are confirmed only by its next add or its explicit LAC)."""
     try:
-        rh = await ns.bk.open_ledger(seg.ledger_id, recovery=False)
+        rh = await open_for_read(ctx, seg.ledger_id)
     except NoSuchLedgerError:
         return -1
-    entry = rh.metadata.last_entry_id if rh.metadata.is_closed else rh.last_add_confirmed
+    entry = durable_end(rh)
     if not rh.metadata.is_closed:
         for _ in range(UNCONFIRMED_PROBE_MAX):
             try:
@@ -207,31 +195,31 @@ async def _durable_last_txid(ns: Namespace, seg: Segment) -> int:
                 break
             entry += 1
     while entry >= 0:
-        batch = codec.decode((await rh.read_unconfirmed(entry, entry))[0].data,
-                             f"stream {ns.name} segment {seg.seq} entry {entry}")
+        batch = decode((await rh.read_unconfirmed(entry, entry))[0].data,
+                       f"stream {ctx.namespace} segment {seg.seq} entry {entry}")
         if batch.records:
             return batch.records[-1][0]
         entry -= 1
     return -1
 
 
-async def last_txid(ns: Namespace, stream: str) -> int:
+async def last_txid(ctx: StreamContext, stream: str) -> int:
     """The highest txid in ``stream`` now, the open segment's durable records included
     (-1: none): a parallel writer's records take txids above it."""
-    sm = await ns.md.stream(ns.name, stream)
-    last = await ns.md.segments(ns.name, stream, from_seq=sm.max_seq)
+    sm = await ctx.md.stream(ctx.namespace, stream)
+    last = await ctx.md.segments(ctx.namespace, stream, from_seq=sm.max_seq)
     txid = max([sm.last_txid, *(s.last_txid for s in last)])
     if last and not last[-1].completed:
-        txid = max(txid, await _durable_last_txid(ns, last[-1]))
+        txid = max(txid, await _durable_last_txid(ctx, last[-1]))
     return txid
 
 
-def _check_txids(ns: Namespace, stream: str, staged: Sequence[StagedLedger],
+def _check_txids(ctx: StreamContext, stream: str, staged: Sequence[StagedLedger],
                  prev_txid: int) -> None:
     for s in staged:
         if s.records and s.first_txid < prev_txid:
             raise InvalidTxidError(
-                f"stream {ns.name}/{stream}: this batch's txids start at {s.first_txid}, below "
+                f"stream {ctx.namespace}/{stream}: this batch's txids start at {s.first_txid}, below "
                 f"{prev_txid}, the stream's last txid (txids never decrease); another writer "
                 "may have written meanwhile (run the batch again), or a txid column goes "
                 "down (sort the rows by it, or leave it out)")
@@ -249,67 +237,57 @@ class Adopted:
     last_batch: int | None
 
 
-def _marker(value: bytes) -> int:
-    d = msgpack.unpackb(value, raw=False)
-    return int(d["batch"]) if isinstance(d, dict) and "batch" in d else -1
-
-
-async def last_batch(ns: Namespace, stream: str, sink_id: str) -> int | None:
+async def last_batch(ctx: StreamContext, stream: str, sink_id: str) -> int | None:
     """The last batch the sink ``sink_id`` committed to ``stream`` (None: none yet)."""
-    kv = await ns.bk.meta.kv_get(keys.sink(ns.md.root, ns.name, stream, sink_id))
-    return None if kv is None else _marker(kv.value)
+    return (await ctx.md.sink_mark(ctx.namespace, stream, sink_id)).batch
 
 
-async def adopt(ns: Namespace, stream: str, staged: Sequence[StagedLedger], *,
+async def adopt(ctx: StreamContext, stream: str, staged: Sequence[StagedLedger], *,
                 sink_id: str | None = None, batch: int | None = None) -> Adopted:
     """Make ``staged`` (in order) the next completed segments of ``stream`` in one
     transaction; with ``sink_id`` and ``batch``, only if that sink has not committed
     ``batch`` (or a later one) before, and record that it has."""
-    md = ns.md
-    log = get_logger(namespace=ns.name, stream=stream)
-    marker_key = keys.sink(md.root, ns.name, stream, sink_id) if sink_id is not None else None
+    md, ns = ctx.md, ctx.namespace
+    log = ctx.log(stream=stream)
     if sum(1 for s in staged if s.records) > ADOPT_LEDGERS_MAX:
         if sink_id is not None and batch is not None:
-            done = await last_batch(ns, stream, sink_id)
+            done = await last_batch(ctx, stream, sink_id)
             if done is not None and done >= batch:
                 return Adopted([], True, done)
-        staged = await merge(ns, stream, staged)
+        staged = await merge(ctx, stream, staged)
     for _attempt in range(ADOPT_ATTEMPTS):
-        sm = await md.stream(ns.name, stream)
-        compare: list[tuple[str, int]] = []
-        also_put: list[tuple[str, bytes]] = []
-        if marker_key is not None and batch is not None:
-            kv = await ns.bk.meta.kv_get(marker_key)
-            previous = None if kv is None else _marker(kv.value)
-            if previous is not None and previous >= batch:
-                return Adopted([], True, previous)
-            compare.append((marker_key, 0 if kv is None else kv.version))
-            also_put.append((marker_key, msgpack.packb({"batch": batch})))
+        sm = await md.stream(ns, stream)
+        mark = None
+        if sink_id is not None and batch is not None:
+            mark = await md.sink_mark(ns, stream, sink_id)
+            if mark.batch is not None and mark.batch >= batch:
+                return Adopted([], True, mark.batch)
+            mark = SinkMark(sink_id, batch, mark.version)  # recorded if still as read
         if sm.ended:
-            raise EndOfStreamError(f"stream {ns.name}/{stream} was ended: it takes no more "
+            raise EndOfStreamError(f"stream {ns}/{stream} was ended: it takes no more "
                                    "writes")
-        segs = await md.segments(ns.name, stream, from_seq=sm.max_seq)  # the last one
+        segs = await md.segments(ns, stream, from_seq=sm.max_seq)  # the last one
         put: list[Segment] = []
         last = segs[-1] if segs else None
         if last is not None and not last.completed:
             # Another writer has the stream.  If its records already rule this batch
             # out, say so without fencing it; else fence it (its next change of the
             # segments fails), then complete its segment in our transaction.
-            _check_txids(ns, stream, staged, max(
-                sm.last_txid, last.last_txid, await _durable_last_txid(ns, last)))
+            _check_txids(ctx, stream, staged, max(
+                sm.last_txid, last.last_txid, await _durable_last_txid(ctx, last)))
             try:
                 sm, _ = await md.commit(sm, epoch=sm.epoch + 1)
             except MetadataVersionError:
                 continue
-            last, ended = await _recover_segment(ns, last)
+            last, ended = await recover_segment(ctx, last)
             put.append(last)
             if ended:
-                raise EndOfStreamError(f"stream {ns.name}/{stream} was ended")
-        _check_txids(ns, stream, staged, max(
+                raise EndOfStreamError(f"stream {ns}/{stream} was ended")
+        _check_txids(ctx, stream, staged, max(
             [sm.last_txid, *(s.last_txid for s in segs), *(s.last_txid for s in put)]))
         start_sequence = last.start_sequence + last.records if last is not None else 0
         seq = max([sm.max_seq, *(s.seq for s in segs)]) + 1
-        now_ms = int(ns.clock.wall_s() * 1000)
+        now_ms = ctx.now_ms()
         new: list[Segment] = []
         for s in staged:
             if not s.records:
@@ -321,20 +299,19 @@ async def adopt(ns: Namespace, stream: str, staged: Sequence[StagedLedger], *,
                                size_bytes=s.size_bytes, ctime_ms=now_ms, completion_ms=now_ms))
             seq += 1
             start_sequence += s.records
-        staging_keys = [keys.staging(md.root, ns.name, stream, s.ledger_id) for s in staged]
         try:
-            _, committed = await md.commit(sm, put=[*put, *new], also_compare=compare,
-                                           also_put=also_put, also_delete=staging_keys)
+            _, committed = await md.commit(sm, put=[*put, *new], sink=mark,
+                                           unstage=[s.ledger_id for s in staged])
         except MetadataVersionError:
             continue
         log.info("ledgers adopted", segments=[s.seq for s in new], sink=sink_id, batch=batch)
         return Adopted(committed[len(put):], False, batch)
-    raise WriterFencedError(f"stream {ns.name}/{stream}: {ADOPT_ATTEMPTS} attempts to commit "
+    raise WriterFencedError(f"stream {ns}/{stream}: {ADOPT_ATTEMPTS} attempts to commit "
                             "lost to other writers changing the stream; are several writers "
                             "fighting over it?")
 
 
-async def merge(ns: Namespace, stream: str, staged: Sequence[StagedLedger],
+async def merge(ctx: StreamContext, stream: str, staged: Sequence[StagedLedger],
                 groups: int | None = None) -> list[StagedLedger]:
     """``staged`` copied, in order, into at most ``groups`` (default ADOPT_LEDGERS_MAX)
     new staged ledgers (the originals are deleted).  The slow path of a batch with
@@ -343,18 +320,18 @@ async def merge(ns: Namespace, stream: str, staged: Sequence[StagedLedger],
     full = [s for s in staged if s.records]
     if len(full) <= groups:
         return full
-    sm = await ns.md.stream(ns.name, stream)
-    config = await ns.stream_config(sm)
+    sm = await ctx.md.stream(ctx.namespace, stream)
+    config = ctx.stream_config(sm)
     size = -(-len(full) // groups)
     out: list[StagedLedger] = []
     for i in range(0, len(full), size):
-        writer = StagedWriter(ns, stream, config, full[i].owner)
+        writer = StagedWriter(ctx, stream, config, full[i].owner)
         try:
             for s in full[i:i + size]:
-                rh = await ns.bk.open_ledger(s.ledger_id, recovery=False)
+                rh = await open_for_read(ctx, s.ledger_id)
                 for lo in range(0, s.last_entry + 1, INFLIGHT_ENTRIES):
                     for entry in await rh.read(lo, min(s.last_entry, lo + INFLIGHT_ENTRIES - 1)):
-                        batch = codec.decode(entry.data, f"staged ledger {s.ledger_id}")
+                        batch = decode(entry.data, f"staged ledger {s.ledger_id}")
                         for txid, data in batch.records:
                             await writer.add(txid, data)
             done = await writer.finish()
@@ -363,31 +340,21 @@ async def merge(ns: Namespace, stream: str, staged: Sequence[StagedLedger],
             raise
         assert done is not None
         out.append(done)
-    await discard(ns, stream, [s.ledger_id for s in staged])
+    await discard(ctx, stream, [s.ledger_id for s in staged])
     return out
 
 
-async def sweep(ns: Namespace, stream: str, owner: str | None = None,
+async def sweep(ctx: StreamContext, stream: str, owner: str | None = None,
                 keep: Iterable[int] = ()) -> int:
     """Delete the staged ledgers of ``stream`` (of ``owner`` only, if given) except
     ``keep``; returns how many.  Only safe while no worker of ``owner`` is writing."""
     spared = set(keep)
-    prefix = keys.staging_prefix(ns.md.root, ns.name, stream)
-    doomed: list[int] = []
-    for kv in await ns.bk.meta.kv_range(prefix):
-        ledger_id = int(kv.key[len(prefix):])
-        if ledger_id in spared:
-            continue
-        try:
-            who = msgpack.unpackb(kv.value, raw=False).get("owner")
-        except Exception:
-            who = None
-        if owner is None or who == owner:
-            doomed.append(ledger_id)
+    doomed = [ledger_id for ledger_id, who in await ctx.md.staged(ctx.namespace, stream)
+              if ledger_id not in spared and (owner is None or who == owner)]
     try:
-        return await discard(ns, stream, doomed)
+        return await discard(ctx, stream, doomed)
     except BKError as exc:
-        get_logger(namespace=ns.name, stream=stream).warning(
+        ctx.log(stream=stream).warning(
             "could not delete staged ledgers; the next commit tries again", error=str(exc))
         return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,9 +18,12 @@ class BookKeeper(LedgerClient):
     """A connected client: ledgers (see :class:`asyncbk.client.client.BookKeeper`) and
     streams grouped in namespaces.  ``await asyncbk.BookKeeper.connect(uri)``."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args: Any, rng: random.Random | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, rng=rng, **kwargs)
         self.stream_stats = StreamStats()
+        self.stream_rng = rng if rng is not None else random.Random()
+        """The random generator its streams draw from (back-off jitter): ``rng`` (a
+        seeded one in the simulator), else a fresh one."""
 
     async def namespace(self, name: str, create: bool = False, **defaults: Any) -> Namespace:
         """The namespace ``name``; with ``create=True`` it is created (with ``defaults``:
@@ -35,7 +39,8 @@ class BookKeeper(LedgerClient):
                 pass
         elif defaults:
             raise TypeError("namespace defaults are only taken with create=True")
-        return Namespace(self, name, await md.namespace_config(name), self.stream_stats)
+        return Namespace(self, name, await md.namespace_config(name), self.stream_stats,
+                         rng=self.stream_rng)
 
     async def list_namespaces(self) -> AsyncIterator[str]:
         for name in await StreamMetadata(self.meta).list_namespaces():

@@ -7,7 +7,9 @@ segment number it ever had (``max_seq``, so a number is never reused, even
 after truncation), the highest txid it ever held, the writer epoch (bumped by
 each writer that opens it) and whether it was ended.  Each **segment** is one ledger:
 its record (:class:`Segment`) says where it starts and ends in positions,
-txids and record counts.
+txids and record counts.  Ledgers staged for a stream (written apart, to be
+adopted as its next segments: :mod:`asyncbk.stream.adopt`) and the batches each
+sink committed to it are recorded beside it.
 
 Every change to a stream's segments is one transaction that compares the
 versions it read of the stream record and of every segment it changes
@@ -22,10 +24,11 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
+from ..client.client import PlacementSpec
 from ..errors import (
     ConfigError,
     InvalidNameError,
@@ -151,6 +154,14 @@ PLACEMENT_FIELDS: dict[str, type] = {"placement_policy": str,
                                      "enforce_placement": bool}
 """The placement settings and their types: each may be None (absent), meaning the
 setting of the client that writes the segment."""
+
+
+def placement_spec(config: StreamConfig) -> PlacementSpec | None:
+    """How the ledgers of a stream with ``config`` are placed (None: as the client
+    places any ledger)."""
+    given = config.placement
+    return PlacementSpec(**given) if given else None
+
 _CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(StreamConfig)}
 
 
@@ -274,6 +285,20 @@ class StreamMeta:
                       "last_txid": self.last_txid, "epoch": self.epoch})
 
 
+class SinkMark(NamedTuple):
+    """A sink's record on a stream: the last batch it committed (None: none yet) and
+    the version of the record (0: absent), for a transaction to compare."""
+
+    sink_id: str
+    batch: int | None
+    version: int
+
+
+def _sink_batch(value: bytes) -> int:
+    d = msgpack.unpackb(value, raw=False)
+    return int(d["batch"]) if isinstance(d, dict) and "batch" in d else -1
+
+
 class StreamMetadata:
     """Reads and transactions on namespaces, streams and segments (see the module
     docstring)."""
@@ -384,7 +409,8 @@ class StreamMetadata:
 
     async def commit(self, sm: StreamMeta, *, put: Sequence[Segment] = (),
                      drop: Sequence[Segment] = (), ended: bool | None = None,
-                     epoch: int | None = None,
+                     epoch: int | None = None, sink: SinkMark | None = None,
+                     unstage: Sequence[int] = (),
                      also_compare: Sequence[tuple[str, int]] = (),
                      also_put: Sequence[tuple[str, bytes]] = (),
                      also_delete: Sequence[str] = ()) -> tuple[StreamMeta, list[Segment]]:
@@ -392,8 +418,16 @@ class StreamMetadata:
         version read) and remove ``drop``, if the stream record and each of them are
         still at the versions read.  Returns the new stream record and ``put`` with
         their new version.  MetadataVersionError if anything changed meanwhile.
+        ``sink``: record that sink's batch ``sink.batch``, if its record is still at
+        ``sink.version``.  ``unstage``: remove the staging records of these ledgers.
         ``also_*``: more keys to compare, write and remove in the same transaction."""
         ns, name = sm.namespace, sm.name
+        if sink is not None:
+            sink_key = keys.sink(self.root, ns, name, sink.sink_id)
+            also_compare = [*also_compare, (sink_key, sink.version)]
+            also_put = [*also_put, (sink_key, _pack({"batch": sink.batch}))]
+        also_delete = [*also_delete,
+                       *(keys.staging(self.root, ns, name, ledger_id) for ledger_id in unstage)]
         skey = keys.stream(self.root, ns, name)
         max_seq = max([sm.max_seq, *(s.seq for s in put)])
         last_txid = max([sm.last_txid, *(s.last_txid for s in put)])
@@ -411,6 +445,45 @@ class StreamMetadata:
             delete=[keys.segment(self.root, ns, name, s.seq) for s in drop] + list(also_delete))
         return (dataclasses.replace(new_sm, version=revision),
                 [dataclasses.replace(s, version=revision) for s in put])
+
+    # --- staged ledgers and sinks ----------------------------------------
+
+    async def stage(self, namespace: str, name: str, ledger_id: int, owner: str) -> None:
+        """Record ``ledger_id`` as staged for the stream by ``owner``."""
+        key = keys.staging(self.root, namespace, name, ledger_id)
+        await self.meta.kv_txn([], put=[(key, _pack({"owner": owner}))])
+
+    async def unstage(self, namespace: str, name: str, ledger_id: int) -> bool:
+        """Remove the staging record of ``ledger_id``, if there is one: False if there
+        is none (adopted, or unstaged before), also when a commit adopts it meanwhile."""
+        key = keys.staging(self.root, namespace, name, ledger_id)
+        kv = await self.meta.kv_get(key)
+        if kv is None:
+            return False
+        try:
+            await self.meta.kv_txn([(key, kv.version)], delete=[key])
+        except MetadataVersionError:
+            return False
+        return True
+
+    async def staged(self, namespace: str, name: str) -> list[tuple[int, str | None]]:
+        """The ledgers staged for the stream, with their owners (None: unreadable)."""
+        prefix = keys.staging_prefix(self.root, namespace, name)
+        out: list[tuple[int, str | None]] = []
+        for kv in await self.meta.kv_range(prefix):
+            try:
+                owner = msgpack.unpackb(kv.value, raw=False).get("owner")
+            except Exception:
+                owner = None
+            out.append((int(kv.key[len(prefix):]), owner))
+        return out
+
+    async def sink_mark(self, namespace: str, name: str, sink_id: str) -> SinkMark:
+        """What the sink ``sink_id`` committed to the stream last."""
+        kv = await self.meta.kv_get(keys.sink(self.root, namespace, name, sink_id))
+        if kv is None:
+            return SinkMark(sink_id, None, 0)
+        return SinkMark(sink_id, _sink_batch(kv.value), kv.version)
 
     async def delete_stream(self, sm: StreamMeta) -> None:
         """Remove the stream record and every segment record, if the stream record is

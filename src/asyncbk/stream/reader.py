@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import collections
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..backoff import Backoff
 from ..errors import (
     BKError,
     CorruptRecordError,
@@ -26,14 +27,14 @@ from ..errors import (
     NoSuchLedgerError,
     TruncatedError,
 )
-from ..log import get_logger
-from . import codec
+from .codec import Batch, decode
+from .context import StreamContext
 from .meta import Segment
 from .position import Position
+from .segment_ledger import open_for_read
 
-if TYPE_CHECKING:
-    from .namespace import Namespace
-
+SEGMENT_POLL_S = 0.02
+"""First pause between two looks for a segment that does not exist yet (it doubles)."""
 SEGMENT_POLL_S_MAX = 0.5
 """Longest pause between two looks for a segment that does not exist yet."""
 
@@ -59,18 +60,18 @@ class StreamReader:
     """Reads a stream from ``start`` (see the module docstring).  Get one with
     ``await ns.open_reader(name, start)``; close it (or use ``async with``)."""
 
-    def __init__(self, ns: Namespace, name: str, start: Position,
+    def __init__(self, ctx: StreamContext, name: str, start: Position,
                  readahead_entries: int = 32) -> None:
         if readahead_entries < 1:
             raise ValueError("readahead_entries must be >= 1")
-        self._ns = ns
-        self.namespace = ns.name
+        self._ctx = ctx
+        self.namespace = ctx.namespace
         self.stream = name
         self._start = start
         self._queue: asyncio.Queue[Any] = asyncio.Queue(readahead_entries)
         self._ready: collections.deque[StreamRecord] = collections.deque()
         self._error: BaseException | None = None
-        self._log = get_logger(namespace=ns.name, stream=name)
+        self._log = ctx.log(stream=name)
         self._task = asyncio.get_running_loop().create_task(self._run())
         self._closed = False
 
@@ -147,7 +148,7 @@ class StreamReader:
             raise item
         self._ready.extend(item)
         if self._ready:
-            stats = self._ns.stats
+            stats = self._ctx.stats
             stats.read(self.namespace, len(item), sum(len(r.data) for r in item))
 
     async def _run(self) -> None:
@@ -162,7 +163,7 @@ class StreamReader:
             await self._queue.put(exc)
 
     async def _read_from(self, pos: Position) -> None:
-        ns, name = self._ns, self.stream
+        ctx, name = self._ctx, self.stream
         first_entry, first_slot = pos.entry, pos.slot
         seq = pos.segment
         while True:
@@ -171,9 +172,9 @@ class StreamReader:
                 first_entry = first_slot = 0
             seq = seg.seq
             try:
-                rh = await ns.bk.open_ledger(seg.ledger_id, recovery=False)
+                rh = await open_for_read(ctx, seg.ledger_id)
             except NoSuchLedgerError:
-                segs = await ns.md.segments(ns.name, name)
+                segs = await ctx.md.segments(ctx.namespace, name)
                 now = next((s for s in segs if s.seq == seg.seq), None)
                 if now is None:
                     raise TruncatedError(
@@ -187,7 +188,7 @@ class StreamReader:
                     f"stream {self.namespace}/{name}: the ledger {seg.ledger_id} of segment "
                     f"{seg.seq} does not exist") from None
             async for entry in rh.tail(first_entry, poll_s=LAC_POLL_S):
-                batch = codec.decode(entry.data, f"stream {self.namespace}/{name} segment "
+                batch = decode(entry.data, f"stream {self.namespace}/{name} segment "
                                                  f"{seq} entry {entry.entry_id}")
                 if batch.end_of_stream:
                     await self._queue.put(EndOfStreamError(
@@ -204,41 +205,42 @@ class StreamReader:
     async def _wait_for_segment(self, seq: int) -> Segment:
         """Segment ``seq``, or the first after it (``seq`` itself may be one a writer
         opened and lost before it existed), waiting until one exists."""
-        ns, name = self._ns, self.stream
-        pause_s = 0.02
+        ctx, name = self._ctx, self.stream
+        md, ns = ctx.md, ctx.namespace
+        pause = Backoff(SEGMENT_POLL_S, SEGMENT_POLL_S_MAX)
         while True:
-            sm = await ns.md.stream(ns.name, name)
-            first = await ns.md.segments(ns.name, name, limit=1)
+            sm = await md.stream(ns, name)
+            first = await md.segments(ns, name, limit=1)
             if first and seq < first[0].seq:
                 raise TruncatedError(
-                    f"stream {ns.name}/{name}: segment {seq} was truncated; the stream now "
+                    f"stream {ns}/{name}: segment {seq} was truncated; the stream now "
                     f"starts at {first[0].first_position}")
-            later = await ns.md.segments(ns.name, name, from_seq=seq, limit=1)
+            later = await md.segments(ns, name, from_seq=seq, limit=1)
             if later:
                 return later[0]
             if sm.ended:
-                raise EndOfStreamError(f"stream {ns.name}/{name} was ended after its last record")
-            await asyncio.sleep(pause_s)
-            pause_s = min(SEGMENT_POLL_S_MAX, pause_s * 2)
+                raise EndOfStreamError(f"stream {ns}/{name} was ended after its last record")
+            await ctx.clock.sleep(pause.next_s())
 
 
-async def resolve_start(ns: Namespace, name: str, start: Position | None,
+async def resolve_start(ctx: StreamContext, name: str, start: Position | None,
                         txid: int | None) -> Position:
     """A real position for EARLIEST, LATEST, a position or a txid."""
-    sm = await ns.md.stream(ns.name, name)
+    md, ns = ctx.md, ctx.namespace
+    sm = await md.stream(ns, name)
     if txid is not None:
-        return await _position_of_txid(ns, await ns.md.segments(ns.name, name), sm.max_seq, txid)
+        return await _position_of_txid(ctx, await md.segments(ns, name), sm.max_seq, txid)
     # Only the first segment or the last (numbered max_seq) matters: read just that one.
     if start == Position.LATEST:
-        segs = await ns.md.segments(ns.name, name, from_seq=sm.max_seq)
+        segs = await md.segments(ns, name, from_seq=sm.max_seq)
     else:
-        segs = await ns.md.segments(ns.name, name, limit=1)
+        segs = await md.segments(ns, name, limit=1)
     if start is None or start == Position.EARLIEST:
         return segs[0].first_position if segs else Position(sm.max_seq + 1, 0, 0)
     if start == Position.LATEST:
         if segs and not segs[-1].completed:
             last = segs[-1]
-            rh = await ns.bk.open_ledger(last.ledger_id, recovery=False)
+            rh = await open_for_read(ctx, last.ledger_id)
             if rh.metadata.is_closed:  # taken over, not yet recorded: after its end
                 return Position(last.seq + 1, 0, 0)
             return Position(last.seq, rh.last_add_confirmed + 1, 0)
@@ -246,12 +248,12 @@ async def resolve_start(ns: Namespace, name: str, start: Position | None,
     if not isinstance(start, Position):
         raise TypeError(f"start must be a Position, not {type(start).__name__}")
     if segs and start < segs[0].first_position:
-        raise TruncatedError(f"stream {ns.name}/{name}: position {start} was truncated; the "
+        raise TruncatedError(f"stream {ns}/{name}: position {start} was truncated; the "
                              f"stream now starts at {segs[0].first_position}")
     return start
 
 
-async def _position_of_txid(ns: Namespace, segs: list[Segment], max_seq: int,
+async def _position_of_txid(ctx: StreamContext, segs: list[Segment], max_seq: int,
                             txid: int) -> Position:
     """The first record with a txid >= ``txid``: the segment by its txid range, then
     a binary search over its entries."""
@@ -261,13 +263,13 @@ async def _position_of_txid(ns: Namespace, segs: list[Segment], max_seq: int,
                   None)
     if target is None:
         return Position(max_seq + 1, 0, 0)
-    rh = await ns.bk.open_ledger(target.ledger_id, recovery=False)
+    rh = await open_for_read(ctx, target.ledger_id)
     last = target.last_entry if target.completed else rh.last_add_confirmed
-    where = f"stream {ns.name} segment {target.seq}"
+    where = f"stream {ctx.namespace} segment {target.seq}"
 
-    async def batch_at(entry_id: int) -> codec.Batch:
+    async def batch_at(entry_id: int) -> Batch:
         data = (await rh.read_unconfirmed(entry_id, entry_id))[0].data
-        return codec.decode(data, f"{where} entry {entry_id}")
+        return decode(data, f"{where} entry {entry_id}")
 
     lo, hi = 0, last + 1  # the first entry whose last txid >= txid is in [lo, hi]
     while lo < hi:

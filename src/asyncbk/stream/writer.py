@@ -33,9 +33,9 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import random
 from typing import TYPE_CHECKING, Any
 
+from ..backoff import Backoff
 from ..errors import (
     BKError,
     EndOfStreamError,
@@ -45,21 +45,31 @@ from ..errors import (
     LedgerFencedError,
     MetadataError,
     MetadataVersionError,
-    NoSuchLedgerError,
     TooManyRequestsError,
     WriterFencedError,
 )
-from ..log import get_logger
-from . import codec
-from .meta import COMPLETED, Segment, StreamConfig, StreamMeta
+from .codec import END_OF_STREAM, HEADER_BYTES, RECORD_OVERHEAD_BYTES, TXID_MAX, encode
+from .context import StreamContext, StreamLimits
+from .meta import Segment, StreamConfig, StreamMeta
 from .position import Position
+from .retention import apply_retention
+from .segment_ledger import (
+    Tally,
+    complete_segment,
+    create_segment_ledger,
+    discard_ledger,
+    recover_segment,
+)
 
 if TYPE_CHECKING:
     from ..client.ledger import LedgerHandle
-    from .namespace import Namespace
 
 TAKEOVER_ATTEMPTS = 20
 """Opening a writer retries this often when another opening wins the race."""
+TAKEOVER_BACKOFF_S = 0.04
+"""The first pause (at most) before opening again after losing the race; it doubles
+at each loss, up to TAKEOVER_BACKOFF_S_MAX, with full jitter."""
+TAKEOVER_BACKOFF_S_MAX = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +93,15 @@ class WriterOptions:
                 raise ValueError(f"{f.name} must be > 0")
         return self
 
+    def check_fits(self, limits: StreamLimits) -> WriterOptions:
+        """ValueError unless a record of ``record_bytes_max`` (with the batch header)
+        fits in one ledger entry."""
+        fit = limits.record_bytes_max
+        if self.record_bytes_max > fit:
+            raise ValueError(f"record_bytes_max {self.record_bytes_max} exceeds what one "
+                             f"ledger entry carries ({fit} bytes, from frame_bytes_max)")
+        return self
+
 
 class _Entry:
     """An entry in flight: its ledger future and its records' futures."""
@@ -102,11 +121,11 @@ class StreamWriter:
     ``await ns.open_writer(name)``; use it as an async context manager, or call
     ``close()``."""
 
-    def __init__(self, ns: Namespace, config: StreamConfig, sm: StreamMeta, segment: Segment,
-                 lh: LedgerHandle, last_txid: int, options: WriterOptions) -> None:
-        self._ns = ns
-        self._bk = ns.bk
-        self.namespace = ns.name
+    def __init__(self, ctx: StreamContext, config: StreamConfig, sm: StreamMeta,
+                 segment: Segment, lh: LedgerHandle, last_txid: int,
+                 options: WriterOptions) -> None:
+        self._ctx = ctx
+        self.namespace = ctx.namespace
         self.stream = sm.name
         self._config = config
         self._options = options
@@ -114,17 +133,13 @@ class StreamWriter:
         self._seg = segment
         self._lh = lh
         self._loop = asyncio.get_running_loop()
-        self._clock = ns.clock
-        self._log = get_logger(namespace=ns.name, stream=sm.name)
+        self._clock = ctx.clock
+        self._log = ctx.log(stream=sm.name)
         self._last_txid = last_txid
         """The txid of the last record accepted (written or queued)."""
         # the segment being written
         self._seg_started_s = self._clock.monotonic_s()
-        self._seg_records = 0
-        self._seg_bytes = 0
-        self._seg_first_txid = -1
-        self._seg_last_txid = -1
-        self._seg_last_pos: tuple[int, int] = (-1, -1)
+        self._tally = Tally()
         # records queued for the next entry
         self._txids: list[int] = []
         self._datas: list[bytes] = []
@@ -166,10 +181,10 @@ class StreamWriter:
             txid = self._last_txid + 1
         elif not isinstance(txid, int) or isinstance(txid, bool):
             raise InvalidTxidError(f"txid must be an int, not {type(txid).__name__}")
-        if txid < self._last_txid or txid < 0 or txid > codec.TXID_MAX:
+        if txid < self._last_txid or txid < 0 or txid > TXID_MAX:
             raise InvalidTxidError(
                 f"stream {self.namespace}/{self.stream}: txid {txid} is "
-                + ("negative" if txid < 0 else "too large" if txid > codec.TXID_MAX else
+                + ("negative" if txid < 0 else "too large" if txid > TXID_MAX else
                    f"below the previous one ({self._last_txid})")
                 + "; txids must not decrease")
         size = len(data)
@@ -184,7 +199,7 @@ class StreamWriter:
                 f"stream {self.namespace}/{self.stream}: {self._pending_records} records "
                 f"({self._pending_bytes} bytes) pending; await write() or flush()")
         fut: asyncio.Future[Position] = self._loop.create_future()
-        cost = size + codec.RECORD_OVERHEAD_BYTES  # what it adds to the entry
+        cost = size + RECORD_OVERHEAD_BYTES  # what it adds to the entry
         if self._buffer_bytes and self._buffer_bytes + cost > self._options.batch_bytes_max:
             self._transmit()
             if self._error is not None:  # that send found the writer failed
@@ -285,8 +300,8 @@ class StreamWriter:
     def _transmit(self) -> None:
         """Send the queued records, as entries of at most ``batch_bytes_max`` bytes of
         records each (unless a roll is under way: they wait for the new segment)."""
-        limit = self._options.batch_bytes_max - codec.HEADER_BYTES
-        overhead = codec.RECORD_OVERHEAD_BYTES
+        limit = self._options.batch_bytes_max - HEADER_BYTES
+        overhead = RECORD_OVERHEAD_BYTES
         while self._futures and self._roll_task is None and self._error is None:
             n, encoded = 0, 0
             for data in self._datas:  # at least one record, then while they fit
@@ -302,8 +317,8 @@ class StreamWriter:
         txids, datas, futures = self._txids[:n], self._datas[:n], self._futures[:n]
         del self._txids[:n], self._datas[:n], self._futures[:n]
         self._buffer_bytes -= encoded
-        nbytes = encoded - n * codec.RECORD_OVERHEAD_BYTES  # the records' own bytes
-        payload = codec.encode(self._seg_records, txids, datas)
+        nbytes = encoded - n * RECORD_OVERHEAD_BYTES  # the records' own bytes
+        payload = encode(self._tally.records, txids, datas)
         try:
             ledger_future = self._lh.append(payload)
         except BKError as exc:
@@ -312,11 +327,7 @@ class StreamWriter:
                 f.exception()
             self._fail(self._map_error(exc))
             return
-        if self._seg_first_txid < 0:
-            self._seg_first_txid = txids[0]
-        self._seg_last_txid = txids[-1]
-        self._seg_records += len(datas)
-        self._seg_bytes += nbytes
+        self._tally.sent(txids, nbytes)
         entry = _Entry(self._seg.seq, ledger_future, futures, nbytes)
         self._inflight.append(entry)
         ledger_future.add_done_callback(functools.partial(self._entry_done, entry))
@@ -344,8 +355,8 @@ class StreamWriter:
             for slot, f in enumerate(entry.futures):
                 if not f.done():
                     f.set_result(Position(seq, entry_id, slot))
-            self._seg_last_pos = (entry_id, len(entry.futures) - 1)
-            self._ns.stats.written(self.namespace, len(entry.futures), entry.nbytes)
+            self._tally.acked(entry_id, len(entry.futures))
+            self._ctx.stats.written(self.namespace, len(entry.futures), entry.nbytes)
             return
         for f in entry.futures:
             if not f.done():
@@ -382,8 +393,9 @@ class StreamWriter:
         cfg = self._config
         if self._roll_task is not None or self._closed:
             return
-        if (cfg.rolling_bytes and self._seg_bytes >= cfg.rolling_bytes) \
-                or (cfg.rolling_entries and self._seg_records >= cfg.rolling_entries) \
+        tally = self._tally
+        if (cfg.rolling_bytes and tally.size_bytes >= cfg.rolling_bytes) \
+                or (cfg.rolling_entries and tally.records >= cfg.rolling_entries) \
                 or (cfg.rolling_s and self._clock.monotonic_s() - self._seg_started_s
                     >= cfg.rolling_s):
             self._roll_task = self._loop.create_task(self._roll())
@@ -399,16 +411,16 @@ class StreamWriter:
     async def _roll(self) -> None:
         try:
             await self._wait_inflight()
-            completed = await self._complete_current()
+            completed = await complete_segment(self._ctx, self._lh, self._seg, self._tally)
             await self._start_segment(completed)
-            self._ns.stats.rolled(self.namespace)
+            self._ctx.stats.rolled(self.namespace)
         except BKError as exc:
             self._fail(self._map_error(exc))
         finally:
             self._roll_task = None
         if self._error is None:
             self._transmit()
-            await self._ns.apply_retention(self, quiet=True)
+            await apply_retention(self._ctx, self.stream, self, quiet=True)
 
     async def _cancel_roll(self) -> None:
         task = self._roll_task
@@ -416,28 +428,18 @@ class StreamWriter:
             task.cancel()
             await asyncio.wait([task])
 
-    async def _complete_current(self) -> Segment:
-        """Close the ledger and describe the completed segment (not yet committed)."""
-        await self._lh.close()
-        last_entry, last_slot = self._seg_last_pos
-        return dataclasses.replace(
-            self._seg, state=COMPLETED, records=self._seg_records,
-            first_txid=self._seg_first_txid, last_txid=self._seg_last_txid,
-            last_entry=last_entry, last_slot=last_slot, size_bytes=self._seg_bytes,
-            completion_ms=int(self._clock.wall_s() * 1000))
-
     async def _start_segment(self, completed: Segment) -> None:
         """Commit ``completed`` and a new open segment on a fresh ledger, in one
         transaction.  A conflict that left our segment ours (a truncation, retention)
         is retried; anything else means another writer took over."""
-        lh = await self._ns.create_segment_ledger(self._sm.name, self._config,
-                                                  self._sm.max_seq + 1)
+        ctx = self._ctx
+        lh = await create_segment_ledger(ctx, self._sm.name, self._config, self._sm.max_seq + 1)
         while True:
             new = Segment(seq=self._sm.max_seq + 1, ledger_id=lh.id,
                           start_sequence=completed.start_sequence + completed.records,
-                          ctime_ms=int(self._clock.wall_s() * 1000))
+                          ctime_ms=ctx.now_ms())
             try:
-                self._sm, (_, new) = await self._ns.md.commit(self._sm, put=[completed, new])
+                self._sm, (_, new) = await ctx.md.commit(self._sm, put=[completed, new])
                 break
             except MetadataVersionError:
                 pass  # certainly not applied
@@ -450,21 +452,19 @@ class StreamWriter:
             try:
                 completed = await self._refresh_own(completed)
             except BaseException:  # fenced, or the stream deleted: the ledger is unused
-                await self._ns.discard_ledger(lh)
+                await discard_ledger(ctx, lh)
                 raise
         self._lh = lh
         self._seg = new
         self._seg_started_s = self._clock.monotonic_s()
-        self._seg_records = self._seg_bytes = 0
-        self._seg_first_txid = self._seg_last_txid = -1
-        self._seg_last_pos = (-1, -1)
+        self._tally = Tally()
 
     async def _refresh_own(self, completed: Segment) -> Segment:
         """After a lost commit: re-read; if our segment is still ours and open, return
         ``completed`` with the fresh version (and take the fresh stream record), else
         raise WriterFencedError."""
-        sm = await self._ns.md.stream(self.namespace, self.stream)
-        segs = await self._ns.md.segments(self.namespace, self.stream)
+        sm = await self._ctx.md.stream(self.namespace, self.stream)
+        segs = await self._ctx.md.segments(self.namespace, self.stream)
         mine = next((s for s in segs if s.seq == self._seg.seq), None)
         if sm.epoch != self._sm.epoch or mine is None or mine.completed \
                 or mine.ledger_id != self._seg.ledger_id or segs[-1].seq != mine.seq:
@@ -477,7 +477,7 @@ class StreamWriter:
     async def _commit_completed(self, completed: Segment, ended: bool) -> None:
         while True:
             try:
-                self._sm, (self._seg,) = await self._ns.md.commit(
+                self._sm, (self._seg,) = await self._ctx.md.commit(
                     self._sm, put=[completed], ended=ended or None)
                 return
             except MetadataVersionError:
@@ -495,10 +495,9 @@ class StreamWriter:
             self._closed = True
             if end:
                 # An entry with no records marks the end, after every record.
-                fut = self._lh.append(codec.encode(self._seg_records, [], [],
-                                                   codec.END_OF_STREAM))
+                fut = self._lh.append(encode(self._tally.records, [], [], END_OF_STREAM))
                 await fut
-            completed = await self._complete_current()
+            completed = await complete_segment(self._ctx, self._lh, self._seg, self._tally)
             await self._commit_completed(completed, ended=end)
             self._log.info("stream writer closed", segment=completed.seq,
                            records=completed.records, ended=end)
@@ -509,7 +508,7 @@ class StreamWriter:
             await self._lh.close_quietly()
             raise error from None
 
-    def _take_sm(self, sm: StreamMeta) -> bool:
+    def take_stream_meta(self, sm: StreamMeta) -> bool:
         """Take a fresher stream record (after retention changed it), unless another
         writer has opened the stream since (then this one is fenced: False)."""
         if sm.epoch != self._sm.epoch:
@@ -519,6 +518,7 @@ class StreamWriter:
 
     @property
     def stream_meta(self) -> StreamMeta:
+        """The stream record this writer holds (the version it read or wrote last)."""
         return self._sm
 
 
@@ -527,45 +527,48 @@ def _consume(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def open_writer(ns: Namespace, name: str, options: WriterOptions) -> StreamWriter:
+async def open_writer(ctx: StreamContext, name: str, options: WriterOptions) -> StreamWriter:
     """Take the stream over (see the module docstring) and return its writer."""
-    md = ns.md
-    log = get_logger(namespace=ns.name, stream=name)
+    options.validate().check_fits(ctx.limits)
+    md = ctx.md
+    log = ctx.log(stream=name)
+    backoff = Backoff(TAKEOVER_BACKOFF_S, TAKEOVER_BACKOFF_S_MAX, jitter=1.0, rng=ctx.rng)
     for attempt in range(TAKEOVER_ATTEMPTS):
         if attempt:  # another opener won the race: let it settle, then fence it in turn
-            await asyncio.sleep(random.uniform(0, min(1.0, 0.02 * 2 ** attempt)))
-        sm = await md.stream(ns.name, name)
+            await ctx.clock.sleep(backoff.next_s())
+        sm = await md.stream(ctx.namespace, name)
         if sm.ended:
-            raise EndOfStreamError(f"stream {ns.name}/{name} was ended: it takes no more writes")
+            raise EndOfStreamError(f"stream {ctx.namespace}/{name} was ended: it takes no more "
+                                   "writes")
         # First claim the stream: from this commit on, an older writer's next change
         # of the segments (a roll, its close) fails and it knows it was fenced.
         try:
             sm, _ = await md.commit(sm, epoch=sm.epoch + 1)
         except MetadataVersionError:
             continue
-        config = await ns.stream_config(sm)
-        segs = await md.segments(ns.name, name)
+        config = ctx.stream_config(sm)
+        segs = await md.segments(ctx.namespace, name)
         put: list[Segment] = []
         last = segs[-1] if segs else None
         took_over = False
         if last is not None and not last.completed:
-            last, ended = await _recover_segment(ns, last)
+            last, ended = await recover_segment(ctx, last)
             put.append(last)
             took_over = True
             if ended:  # its writer ended it but died before recording so: record it
                 with contextlib.suppress(MetadataVersionError):  # (or someone else did)
                     await md.commit(sm, put=put, ended=True)
-                raise EndOfStreamError(f"stream {ns.name}/{name} was ended")
+                raise EndOfStreamError(f"stream {ctx.namespace}/{name} was ended")
         last_txid = max([sm.last_txid, *(s.last_txid for s in segs), *(s.last_txid for s in put)])
         start_sequence = last.start_sequence + last.records if last is not None else 0
         seq = max([sm.max_seq, *(s.seq for s in segs)]) + 1
-        lh = await ns.create_segment_ledger(name, config, seq)
+        lh = await create_segment_ledger(ctx, name, config, seq)
         new = Segment(seq=seq, ledger_id=lh.id, start_sequence=start_sequence,
-                      ctime_ms=int(ns.clock.wall_s() * 1000))
+                      ctime_ms=ctx.now_ms())
         try:
             sm, committed = await md.commit(sm, put=[*put, new])
         except MetadataVersionError:  # certainly not applied: the ledger is unused
-            await ns.discard_ledger(lh)
+            await discard_ledger(ctx, lh)
             log.info("another writer opened the stream at the same time; trying again")
             continue
         except BaseException:
@@ -574,44 +577,11 @@ async def open_writer(ns: Namespace, name: str, options: WriterOptions) -> Strea
             await lh.close_quietly()
             raise
         if took_over:
-            ns.stats.took_over(ns.name)
+            ctx.stats.took_over(ctx.namespace)
             log.info("took the stream over", fenced_segment=put[0].seq, segment=seq)
-        writer = StreamWriter(ns, config, sm, committed[-1], lh, last_txid, options)
-        await ns.apply_retention(writer, quiet=True)
+        writer = StreamWriter(ctx, config, sm, committed[-1], lh, last_txid, options)
+        await apply_retention(ctx, name, writer, quiet=True)
         return writer
     raise WriterFencedError(
-        f"stream {ns.name}/{name}: {TAKEOVER_ATTEMPTS} attempts to open a writer each lost "
-        "to another writer opening it; are two writers fighting over it?")
-
-
-async def _recover_segment(ns: Namespace, seg: Segment) -> tuple[Segment, bool]:
-    """Fence and close an open segment's ledger, and describe it completed: record
-    count, txids, last position (from its first and last entries).  Also whether its
-    last entry ends the stream."""
-    bk = ns.bk
-    try:
-        rh = await bk.open_ledger(seg.ledger_id, password=b"", recovery=True)
-    except NoSuchLedgerError:  # created, then lost before any write (deleted)
-        return dataclasses.replace(seg, state=COMPLETED,
-                                   completion_ms=int(ns.clock.wall_s() * 1000)), False
-    md = rh.metadata
-    last = md.last_entry_id
-    completed = dataclasses.replace(seg, state=COMPLETED, size_bytes=md.length,
-                                    completion_ms=int(ns.clock.wall_s() * 1000))
-    if last < 0:
-        return completed, False
-    where = f"stream {ns.name}/{seg.seq}"
-    ended = False
-    entry = last
-    while entry >= 0:
-        batch = codec.decode((await rh.read(entry, entry))[0].data, f"{where}:{entry}")
-        ended = ended or (entry == last and batch.end_of_stream)
-        if batch.records:
-            first = codec.decode((await rh.read(0, 0))[0].data, f"{where}:0")
-            first_txid = first.records[0][0] if first.records else batch.records[0][0]
-            return dataclasses.replace(
-                completed, records=batch.records_before + len(batch.records),
-                first_txid=first_txid, last_txid=batch.records[-1][0], last_entry=entry,
-                last_slot=len(batch.records) - 1), ended
-        entry -= 1
-    return completed, ended
+        f"stream {ctx.namespace}/{name}: {TAKEOVER_ATTEMPTS} attempts to open a writer each "
+        "lost to another writer opening it; are two writers fighting over it?")

@@ -1,0 +1,90 @@
+"""What a namespace shares with its writers, readers, staged writers and Spark's
+planner: :class:`StreamContext`.
+
+They are given the context, never the :class:`~asyncbk.stream.namespace.Namespace`
+or the client: the ledger operations they use (:class:`LedgerOps`, which a
+:class:`~asyncbk.client.client.BookKeeper` has), the stream metadata, the
+namespace's name and defaults, the counters, the limits, the clock, a random
+generator (the client's seeded one in the simulator) and a logger factory.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..client.ledger import FRAME_OVERHEAD_BYTES_MAX
+from ..clock import LOOP_CLOCK, Clock
+from ..log import get_logger
+from .codec import HEADER_BYTES, RECORD_OVERHEAD_BYTES
+from .meta import StreamConfig, StreamMeta, StreamMetadata
+from .stats import StreamStats
+
+if TYPE_CHECKING:
+    from ..client.client import PlacementSpec
+    from ..client.ledger import LedgerHandle, ReadHandle
+
+
+class LedgerOps(Protocol):
+    """The ledger operations of the stream layer (a BookKeeper client has them)."""
+
+    async def create_ledger(self, ensemble_size: int, write_quorum: int, ack_quorum: int,
+                            digest: str = "xxh3", password: bytes = b"",
+                            metadata: dict[str, bytes] | None = None, *,
+                            placement: PlacementSpec | None = None) -> LedgerHandle: ...
+
+    async def open_ledger(self, ledger_id: int, password: bytes = b"",
+                          recovery: bool = True) -> ReadHandle: ...
+
+    async def delete_ledger(self, ledger_id: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """Bounds that come from the client's configuration."""
+
+    entry_bytes_max: int
+    """Bytes of payload one ledger entry carries at most (``frame_bytes_max`` less the
+    frame's own overhead)."""
+
+    @classmethod
+    def from_frame_bytes_max(cls, frame_bytes_max: int) -> StreamLimits:
+        return cls(frame_bytes_max - FRAME_OVERHEAD_BYTES_MAX)
+
+    @property
+    def record_bytes_max(self) -> int:
+        """The largest record one ledger entry carries (alone, with its batch header)."""
+        return self.entry_bytes_max - HEADER_BYTES - RECORD_OVERHEAD_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class StreamContext:
+    """What the parts of the stream layer use, for the streams of one namespace."""
+
+    ledgers: LedgerOps
+    """Creates, opens and deletes ledgers (the client)."""
+    md: StreamMetadata
+    namespace: str
+    defaults: StreamConfig
+    """The namespace's settings, which a stream's overrides replace."""
+    stats: StreamStats
+    limits: StreamLimits
+    rng: random.Random
+    """For back-off jitter (the client's injected generator, when it has one)."""
+    clock: Clock = LOOP_CLOCK
+    logger: Callable[..., Any] = get_logger
+    """``logger(**context)``: a structlog logger with ``context`` bound."""
+
+    def stream_config(self, sm: StreamMeta) -> StreamConfig:
+        """The settings of the stream ``sm``: the namespace's, with its overrides."""
+        return self.defaults.with_overrides(sm.overrides)
+
+    def log(self, **context: Any) -> Any:
+        """A logger bound to this namespace and ``context``."""
+        return self.logger(namespace=self.namespace, **context)
+
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds (the times recorded in segment metadata)."""
+        return int(self.clock.wall_s() * 1000)
