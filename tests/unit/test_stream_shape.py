@@ -147,7 +147,8 @@ def _whole_package() -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("module", ["stream/writer.py", "stream/reader.py", "stream/adopt.py",
                                     "stream/retention.py", "stream/segment_ledger.py",
-                                    "stream/context.py", "spark/plan.py"])
+                                    "stream/context.py", "spark/plan.py",
+                                    "spark/source.py"])
 def test_the_parts_below_the_namespace_take_the_context(module: str) -> None:
     graph = _whole_package()
     name = "asyncbk." + module.removesuffix(".py").replace("/", ".")

@@ -26,11 +26,11 @@ from typing import Any, TypeVar
 
 import uvloop
 
+from ..client.client import BookKeeper
 from ..errors import BKError, MetadataError, NoSuchNamespaceError
 from ..net.etcd_security import etcd_security
 from ..net.security import client_context, read_token
-from ..stream.client import BookKeeper
-from ..stream.namespace import Namespace
+from ..stream.context import StreamContext, open_context
 from .errors import SparkOptionError
 from .options import ReadOptions, WriteOptions
 
@@ -188,10 +188,12 @@ class TaskLoop:
             self.runner.__exit__(None, None, None)
 
 
-async def namespace_of(bk: BookKeeper, name: str | None) -> Namespace:
+async def context_of(bk: BookKeeper, name: str | None) -> StreamContext:
+    """What the planner, the tasks and the sink work with for the namespace ``name``
+    (no :class:`~asyncbk.stream.namespace.Namespace` is needed for that)."""
     assert name is not None
     try:
-        return await bk.namespace(name)
+        return await open_context(bk, name)
     except NoSuchNamespaceError:
         raise SparkOptionError(f"option namespace: no namespace {name!r} in this cluster "
                                f"(create it with `asyncbk stream create-namespace {name}`)") from None

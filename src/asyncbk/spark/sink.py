@@ -17,6 +17,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructType
 
+from ..client.client import BookKeeper
 from ..errors import BKError
 from ..log import get_logger
 from ..stream.adopt import (
@@ -29,10 +30,10 @@ from ..stream.adopt import (
     staged_to,
     sweep,
 )
-from ..stream.client import BookKeeper
+from ..stream.namespace import Namespace
 from .errors import SinkCommitError, SparkOptionError
 from .options import WriteOptions
-from .runtime import TaskLoop, namespace_of, run_once
+from .runtime import TaskLoop, context_of, run_once
 
 WRITE_CHUNK_ROWS = 2048
 """Rows a task hands to its event loop at a time."""
@@ -82,7 +83,8 @@ def row_layout(schema: StructType | None) -> _RowLayout:
 
 async def _prepare_stream(bk: BookKeeper, opts: WriteOptions) -> None:
     """Create the target stream if it is absent."""
-    ns = await namespace_of(bk, opts.namespace)
+    ctx = await context_of(bk, opts.namespace)
+    ns = Namespace(bk, ctx.namespace, ctx.defaults, ctx.stats)
     if not await ns.stream_exists(opts.stream):
         try:
             await ns.create_stream(opts.stream)
@@ -115,7 +117,7 @@ def _write_task(opts: WriteOptions, layout: _RowLayout, rows: Iterator[Any],
         bk = tl.bk
 
         async def begin() -> tuple[StagedWriter, int]:
-            ctx = (await namespace_of(bk, opts.namespace)).context
+            ctx = await context_of(bk, opts.namespace)
             sm = await ctx.md.stream(ctx.namespace, opts.stream)
             writer = StagedWriter(ctx, opts.stream, ctx.stream_config(sm), owner)
             return writer, await last_txid(ctx, opts.stream) + 1
@@ -176,7 +178,7 @@ class BatchWriter(DataSourceWriter):
         staged = _staged(messages)
 
         async def commit(bk: BookKeeper) -> None:
-            ctx = (await namespace_of(bk, self.opts.namespace)).context
+            ctx = await context_of(bk, self.opts.namespace)
             done = await adopt(ctx, self.opts.stream, staged, sink_id=self.opts.sink_id,
                                batch=self.opts.batch_id)
             if done.replayed:  # sinkId + batchId written before: add nothing twice
@@ -191,7 +193,7 @@ class BatchWriter(DataSourceWriter):
 
 def _discard(opts: WriteOptions, staged: list[StagedLedger], owner: str | None) -> None:
     async def discard_all(bk: BookKeeper) -> None:
-        ctx = (await namespace_of(bk, opts.namespace)).context
+        ctx = await context_of(bk, opts.namespace)
         await discard(ctx, opts.stream, [s.ledger_id for s in staged])
         if owner is not None:
             await sweep(ctx, opts.stream, owner=owner)
@@ -226,7 +228,7 @@ class MicroBatchWriter(DataSourceStreamWriter):
             return  # an empty batch: nothing to add, nothing to record
 
         async def commit(bk: BookKeeper) -> None:
-            ctx = (await namespace_of(bk, self.opts.namespace)).context
+            ctx = await context_of(bk, self.opts.namespace)
             done = await adopt(ctx, self.opts.stream, staged, sink_id=owner, batch=batchId)
             if done.replayed:  # committed before Spark could record it: add nothing twice
                 await discard(ctx, self.opts.stream, [s.ledger_id for s in staged])

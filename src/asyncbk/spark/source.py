@@ -42,17 +42,17 @@ except ImportError:  # pragma: no cover - Spark 4.0/4.1
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         pass
 
+from ..client.client import BookKeeper
 from ..errors import NoSuchLedgerError, NoSuchStreamError, TruncatedError
 from ..log import get_logger
-from ..stream.client import BookKeeper
-from ..stream.namespace import Namespace
+from ..stream.context import StreamContext
 from ..stream.position import Position
 from ..stream.reader import resolve_start
 from .arrow import entry_columns, stream_batch
 from .errors import DataLossError, SparkOptionError
 from .options import ReadOptions, StartSpec, read_options, write_options
 from .plan import Part, Slice, StreamIndex, canonical, partition_bound, split_limit
-from .runtime import LoopThread, TaskLoop, namespace_of, run_once
+from .runtime import LoopThread, TaskLoop, context_of, run_once
 from .sink import BatchWriter, MicroBatchWriter, row_layout
 
 STREAM_SCHEMA = "stream string, position string, txid long, data binary"
@@ -129,18 +129,23 @@ class AsyncbkPartition(InputPartition):
 # ---------------------------------------------------------------------- reading
 
 
-async def _selected(ns: Namespace, opts: ReadOptions, strict: bool = True) -> list[str]:
+async def _selected(ctx: StreamContext, opts: ReadOptions, strict: bool = True) -> list[str]:
     """The streams a read covers: the named ones (each must exist when ``strict``) and
     those the globs and pattern match now."""
     found = set()
+    ns = ctx.namespace
     for name in opts.streams:
-        if await ns.stream_exists(name):
+        try:
+            await ctx.md.stream(ns, name)
+        except NoSuchStreamError:
+            if strict:
+                raise SparkOptionError(f"option streams: no stream {name!r} in namespace "
+                                       f"{ns!r} (list them with `asyncbk stream list {ns}`)"
+                                       ) from None
+        else:
             found.add(name)
-        elif strict:
-            raise SparkOptionError(f"option streams: no stream {name!r} in namespace "
-                                   f"{ns.name!r} (list them with `asyncbk stream list {ns.name}`)")
     if opts.discovers:
-        async for name in ns.list_streams():
+        for name in await ctx.md.list_streams(ns, ""):
             if opts.selects(name):
                 found.add(name)
     return sorted(found)
@@ -203,13 +208,13 @@ async def _partitions(ranges: list[_Range], opts: ReadOptions) -> list[AsyncbkPa
 
 
 async def _plan_batch(bk: BookKeeper, opts: ReadOptions) -> list[AsyncbkPartition]:
-    ns = await namespace_of(bk, opts.namespace)
+    ctx = await context_of(bk, opts.namespace)
     ranges: list[_Range] = []
-    for name in await _selected(ns, opts):
-        idx = await StreamIndex.load(ns.context, name)
+    for name in await _selected(ctx, opts):
+        idx = await StreamIndex.load(ctx, name)
         start = await _resolve(idx, opts.starting.for_stream(name), opts, "startingPositions")
         end = await _resolve(idx, opts.ending.for_stream(name), opts, "endingPositions")
-        if (r := await _counted(idx, start, end, opts, ns.name)) is not None:
+        if (r := await _counted(idx, start, end, opts, ctx.namespace)) is not None:
             ranges.append(r)
     return await _partitions(ranges, opts)
 
@@ -357,10 +362,10 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def initialOffset(self) -> dict[str, str]:
         async def initial(bk: BookKeeper) -> dict[str, str]:
-            ns = await namespace_of(bk, self.opts.namespace)
+            ctx = await context_of(bk, self.opts.namespace)
             out = {}
-            for name in await _selected(ns, self.opts):
-                idx = await StreamIndex.load(ns.context, name)
+            for name in await _selected(ctx, self.opts):
+                idx = await StreamIndex.load(ctx, name)
                 spec = self.opts.starting.for_stream(name)
                 out[name] = str(await _resolve(idx, spec, self.opts, "startingPositions"))
             return canonical(out)
@@ -369,8 +374,8 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     async def _latest(self, bk: BookKeeper, start: dict[str, str] | None,
                       max_rows: int | None) -> dict[str, str]:
-        ns = await namespace_of(bk, self.opts.namespace)
-        names = set(await _selected(ns, self.opts, strict=False))
+        ctx = await context_of(bk, self.opts.namespace)
+        names = set(await _selected(ctx, self.opts, strict=False))
         start = dict(start or {})
         out: dict[str, str] = {}
         backlog: dict[str, tuple[StreamIndex, int, int]] = {}
@@ -378,10 +383,10 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         for name in sorted(names | set(start)):
             if name not in names:  # deleted since
                 if name in self.opts.streams or self.opts.selects(name):
-                    _data_loss(self.opts, ns.name, name, "the stream was deleted")
+                    _data_loss(self.opts, ctx.namespace, name, "the stream was deleted")
                 continue
             begin_seq = Position.parse(start[name]).segment if name in start else 0
-            idx = await StreamIndex.load(ns.context, name, begin_seq)
+            idx = await StreamIndex.load(ctx, name, begin_seq)
             end = await idx.end_position()
             available[name] = str(end)
             if self._target is not None:
@@ -442,25 +447,25 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     async def _plan(self, bk: BookKeeper, start: dict[str, str],
                     end: dict[str, str]) -> list[AsyncbkPartition]:
-        ns = await namespace_of(bk, self.opts.namespace)
+        ctx = await context_of(bk, self.opts.namespace)
         ranges: list[_Range] = []
         for name in sorted(end):
             try:
                 idx = await StreamIndex.load(
-                    ns.context, name, Position.parse(start[name]).segment if name in start else 0)
+                    ctx, name, Position.parse(start[name]).segment if name in start else 0)
             except NoSuchStreamError:
-                _data_loss(self.opts, ns.name, name, "the stream was deleted")
+                _data_loss(self.opts, ctx.namespace, name, "the stream was deleted")
                 continue
             stop = Position.parse(end[name])
             begin = Position.parse(start[name]) if name in start else idx.first_position
             if idx.truncated(begin):
-                _data_loss(self.opts, ns.name, name,
+                _data_loss(self.opts, ctx.namespace, name,
                            f"positions {begin}..{stop} were truncated before they were read; "
                            f"the stream now starts at {idx.first_position}")
                 begin = idx.first_position
                 if stop < begin:
                     continue
-            if (r := await _counted(idx, begin, stop, self.opts, ns.name)) is not None:
+            if (r := await _counted(idx, begin, stop, self.opts, ctx.namespace)) is not None:
                 ranges.append(r)
         return await _partitions(ranges, self.opts)
 

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..client.ledger import FRAME_OVERHEAD_BYTES_MAX
 from ..clock import LOOP_CLOCK, Clock
+from ..config import ClientConfig
 from ..log import get_logger
+from ..meta.api import MetadataStore
 from .codec import HEADER_BYTES, RECORD_OVERHEAD_BYTES
 from .meta import StreamConfig, StreamMeta, StreamMetadata
 from .stats import StreamStats
@@ -39,6 +41,18 @@ class LedgerOps(Protocol):
                           recovery: bool = True) -> ReadHandle: ...
 
     async def delete_ledger(self, ledger_id: int) -> None: ...
+
+
+class LedgerClient(LedgerOps, Protocol):
+    """A ledger client as a context is made from (a
+    :class:`~asyncbk.client.client.BookKeeper`): its ledger operations, its metadata
+    store and its configuration."""
+
+    @property
+    def meta(self) -> MetadataStore: ...
+
+    @property
+    def config(self) -> ClientConfig: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +91,18 @@ class StreamContext:
     logger: Callable[..., Any] = get_logger
     """``logger(**context)``: a structlog logger with ``context`` bound."""
 
+    @classmethod
+    def create(cls, client: LedgerClient, namespace: str, defaults: StreamConfig, *,
+               stats: StreamStats | None = None, rng: random.Random | None = None,
+               clock: Clock = LOOP_CLOCK) -> StreamContext:
+        """The context of ``namespace`` (whose settings are ``defaults``) on ``client``;
+        fresh counters and a fresh random generator unless given."""
+        return cls(ledgers=client, md=StreamMetadata(client.meta), namespace=namespace,
+                   defaults=defaults, stats=stats if stats is not None else StreamStats(),
+                   limits=StreamLimits.from_frame_bytes_max(client.config.frame_bytes_max),
+                   rng=rng if rng is not None else random.Random(), clock=clock,
+                   logger=get_logger)
+
     def stream_config(self, sm: StreamMeta) -> StreamConfig:
         """The settings of the stream ``sm``: the namespace's, with its overrides."""
         return self.defaults.with_overrides(sm.overrides)
@@ -88,3 +114,14 @@ class StreamContext:
     def now_ms(self) -> int:
         """Wall-clock milliseconds (the times recorded in segment metadata)."""
         return int(self.clock.wall_s() * 1000)
+
+
+async def open_context(client: LedgerClient, namespace: str, *,
+                       stats: StreamStats | None = None, rng: random.Random | None = None,
+                       clock: Clock = LOOP_CLOCK) -> StreamContext:
+    """The context of the existing namespace ``namespace``, its settings read from the
+    metadata store (an error says so when there is none): what the parts that need no
+    :class:`~asyncbk.stream.namespace.Namespace` work with (Spark's planner, tasks and
+    sink)."""
+    defaults = await StreamMetadata(client.meta).namespace_config(namespace)
+    return StreamContext.create(client, namespace, defaults, stats=stats, rng=rng, clock=clock)

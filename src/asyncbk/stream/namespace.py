@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..clock import LOOP_CLOCK, Clock
 from ..errors import EndOfStreamError, MetadataVersionError, NoSuchStreamError
-from ..log import get_logger
 from .adopt import sweep
-from .context import StreamContext, StreamLimits
+from .context import StreamContext
 from .meta import StreamConfig, StreamMeta, StreamMetadata, check_stream_name, config_from
 from .position import Position
 from .reader import StreamReader, StreamRecord, resolve_start
@@ -68,14 +67,12 @@ class Namespace:
         self.bk = bk
         self.name = name
         self.defaults = defaults
-        self.md = StreamMetadata(bk.meta)
         self.stats = stats
         self.clock = clock
-        self.context = StreamContext(
-            ledgers=bk, md=self.md, namespace=name, defaults=defaults, stats=stats,
-            limits=StreamLimits.from_frame_bytes_max(bk.config.frame_bytes_max),
-            rng=rng if rng is not None else random.Random(), clock=clock, logger=get_logger)
+        self.context = StreamContext.create(bk, name, defaults, stats=stats, rng=rng,
+                                            clock=clock)
         """What this namespace's writers, readers and staged writers are given."""
+        self.md: StreamMetadata = self.context.md
         self._log = self.context.log()
 
     def __repr__(self) -> str:
