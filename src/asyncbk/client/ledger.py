@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any
 
 from ..clock import loop_timer
 from ..errors import (
@@ -50,7 +49,8 @@ from ..errors import (
     UnauthorizedAccessError,
     invariant,
 )
-from ..meta.model import Ensemble, LedgerMetadata, LedgerState
+from ..meta.model import Ensemble, Fragment, LedgerMetadata, LedgerState
+from ..net.channel import AddGroup
 from ..proto import AddFlag, AddResponse, Response, Status, WriteLacRequest
 from ..types import BookieId
 from .context import ClientContext
@@ -250,7 +250,7 @@ class LedgerHandle(ReadHandle):
         for bookie in new:  # (a channel that cannot send takes and refuses at once)
             client.channel(bookie).add_source(self._sender)
 
-    def _take_adds(self, bookie: BookieId) -> list[tuple[Any, ...]]:
+    def _take_adds(self, bookie: BookieId) -> list[AddGroup]:
         """What ``bookie``'s channel sends for this handle now (see
         :meth:`BookieChannel.add_source`): its queued group, if any."""
         box = self._outbox
@@ -264,8 +264,8 @@ class LedgerHandle(ReadHandle):
         if group is None or self._error is not None:
             return []
         pos, entry_ids, bodies = group
-        return [(self.id, self._master_key, self._add_flags, lac, entry_ids, bodies,
-                 _PositionTarget(self, pos, bookie), self._ctx.config.add_timeout_s)]
+        return [AddGroup(self.id, self._master_key, self._add_flags, lac, entry_ids, bodies,
+                         _PositionTarget(self, pos, bookie), self._ctx.config.add_timeout_s)]
 
     def _complete(self, entry_ids: tuple[int, ...]) -> None:
         ops = self._ops
@@ -624,8 +624,8 @@ class LedgerHandle(ReadHandle):
             self._cancel_timers()
 
 
-def _with_fragment(fragments: tuple[Any, ...], first: int, ensemble: Ensemble,
-                   ledger_id: int) -> tuple[Any, ...]:
+def _with_fragment(fragments: tuple[Fragment, ...], first: int, ensemble: Ensemble,
+                   ledger_id: int) -> tuple[Fragment, ...]:
     """``fragments`` with a new last fragment at ``first`` (replacing the last one if it
     starts there too: several changes before any entry completes)."""
     out = list(fragments)
@@ -647,13 +647,14 @@ class _QueuedAdds:
     def __init__(self, handle: LedgerHandle) -> None:
         self.handle = handle
 
-    def take(self, bookie: BookieId) -> list[tuple[Any, ...]]:
+    def take(self, bookie: BookieId) -> list[AddGroup]:
         return self.handle._take_adds(bookie)
 
 
 class _PositionTarget:
     """Where a channel hands the answers to a group of adds sent to ``bookie`` at
-    ``position`` (:meth:`LedgerHandle._take_adds`)."""
+    ``position`` (:meth:`LedgerHandle._take_adds`): an
+    :class:`~asyncbk.net.channel.AddTarget`."""
 
     __slots__ = ("bookie", "handle", "position")
 
@@ -665,7 +666,7 @@ class _PositionTarget:
     def acked(self, entry_ids: list[int]) -> None:
         self.handle._on_acks(entry_ids, self.position, self.bookie)
 
-    def answered(self, entry_id: int, result: Any) -> None:
+    def answered(self, entry_id: int, result: Response | BKError) -> None:
         self.handle._on_add_response(entry_id, self.position, self.bookie, result)
 
 
@@ -674,5 +675,5 @@ def _consume_error(task: asyncio.Future[None]) -> None:
         task.exception()
 
 
-def _ignore(result: Any) -> None:
+def _ignore(result: Response | BKError) -> None:
     """Explicit LAC writes are best effort: the next one, or the next add, carries it."""

@@ -23,8 +23,8 @@ import contextlib
 import itertools
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 from ..errors import (
     BKError,
@@ -89,6 +89,55 @@ ADD_OK = AddResponse(0, Status.OK, 0, 0)
 status are read)."""
 
 
+class AddTarget(Protocol):
+    """Where a channel hands the answers to a group of adds (:class:`AddGroup`)."""
+
+    def acked(self, entry_ids: list[int]) -> None:
+        """The bookie made every entry of ``entry_ids`` durable (one call for a batch
+        answered OK throughout)."""
+
+    def answered(self, entry_id: int, result: Response | BKError) -> None:
+        """``entry_id``'s own answer: an AddResponse (OK or not) or the error that
+        replaced it (a refusal, a timeout, a lost connection)."""
+
+
+class AddGroup(NamedTuple):
+    """Adds of one ledger to one bookie, handed to a channel together
+    (:meth:`BookieChannel.send_adds`, :meth:`AddSource.take`) and framed at its flush as
+    ADD_BATCH requests (a lone entry as an ADD).  One per ledger, bookie and loop turn,
+    not per entry."""
+
+    ledger_id: int
+    master_key: bytes
+    flags: int
+    lac: int
+    """The LAC piggybacked on every add of the group."""
+    entry_ids: list[int]
+    bodies: list[bytes]
+    """The sealed entries, in the order of ``entry_ids``."""
+    target: AddTarget
+    timeout_s: float
+    """Each add fails with TimeoutError if not answered this long after it was queued."""
+
+
+class AddSource(Protocol):
+    """A sender with adds for a bookie, asked for them at the channel's flush
+    (:meth:`BookieChannel.add_source`)."""
+
+    def take(self, bookie_id: BookieId) -> Iterable[AddGroup]:
+        """The groups of adds for ``bookie_id`` queued since the last call (each handed
+        over once)."""
+
+
+class _QueuedGroup(NamedTuple):
+    """A group waiting in the channel to be framed."""
+
+    group: AddGroup
+    deadline_s: float
+    nbytes: int
+    """Bytes of its bodies (counted in the channel's unsent bytes)."""
+
+
 class _GroupCallback:
     """Hands the answer to an ADD_BATCH of a group (:meth:`BookieChannel.send_adds`) to
     its target: ``target.acked(entry_ids)`` when every entry is OK (one call), else
@@ -96,7 +145,7 @@ class _GroupCallback:
 
     __slots__ = ("entry_ids", "ledger_id", "target")
 
-    def __init__(self, target: Any, ledger_id: int, entry_ids: list[int]) -> None:
+    def __init__(self, target: AddTarget, ledger_id: int, entry_ids: list[int]) -> None:
         self.target = target
         self.ledger_id = ledger_id
         self.entry_ids = entry_ids
@@ -166,9 +215,9 @@ class BookieChannel(asyncio.Protocol):
         """Bytes in ``_unsent`` and ``_groups`` (bodies), not yet handed to the socket."""
         self._paused = False
         """The transport asked us to stop writing (its buffer is over its high mark)."""
-        self._groups: list[tuple[Any, ...]] = []
+        self._groups: list[_QueuedGroup] = []
         """Groups of adds of this loop turn (:meth:`send_adds`), framed at the flush."""
-        self._sources: list[Any] = []
+        self._sources: list[AddSource] = []
         """Senders with adds for this bookie (:meth:`add_source`), asked at the flush."""
         self._flush_scheduled = False
         self._transport: asyncio.Transport | None = None
@@ -252,30 +301,26 @@ class BookieChannel(asyncio.Protocol):
         self._unsent_bytes += sum(len(piece) for piece in frame)
         self._queued()
 
-    def send_adds(self, ledger_id: int, master_key: bytes, flags: int, lac: int,
-                  entry_ids: list[int], bodies: list[bytes], target: Any,
-                  timeout_s: float) -> None:
-        """Queue adds of one ledger as a group, framed as ADD_BATCH requests at the flush
-        (one per ``ADD_BATCH_ENTRIES_MAX`` entries or bytes).  ``target`` gets the
+    def send_adds(self, group: AddGroup) -> None:
+        """Queue ``group`` (adds of one ledger), framed as ADD_BATCH requests at the flush
+        (one per ``ADD_BATCH_ENTRIES_MAX`` entries or bytes).  Its target gets the
         answers: ``target.acked(entry_ids)`` for a batch all OK, else
         ``target.answered(entry_id, AddResponse or error)`` for each entry (also for a
         refusal, a timeout or a lost connection, possibly before this returns)."""
         refused = self._refusal()
         if refused is not None:
-            _GroupCallback(target, ledger_id, entry_ids)(refused)
+            _GroupCallback(group.target, group.ledger_id, group.entry_ids)(refused)
             return
-        nbytes = sum(map(len, bodies))
-        self._groups.append((ledger_id, master_key, flags, lac, entry_ids, bodies, target,
-                             self._loop.time() + timeout_s, nbytes))
+        nbytes = sum(map(len, group.bodies))
+        self._groups.append(_QueuedGroup(group, self._loop.time() + group.timeout_s, nbytes))
         self._unsent_bytes += nbytes
         self._queued()
 
-    def add_source(self, source: Any) -> None:
+    def add_source(self, source: AddSource) -> None:
         """``source.take(bookie_id)`` will be called at this loop turn's flush (or at
-        the deadline sweep, or a failure, whichever comes first) and returns groups of
-        adds for this bookie: ``(ledger_id, master_key, flags, lac, entry_ids, bodies,
-        target, timeout_s)`` tuples, queued then as by :meth:`send_adds`.  A sender
-        that queues many entries in a turn registers once and hands them over together."""
+        the deadline sweep, or a failure, whichever comes first) and returns the groups
+        of adds for this bookie, queued then as by :meth:`send_adds`.  A sender that
+        queues many entries in a turn registers once and hands them over together."""
         self._sources.append(source)
         if self._transport is None and self._refusal() is not None:
             self._pull_sources()  # refused (closed, backing off): the targets learn it now
@@ -285,10 +330,8 @@ class BookieChannel(asyncio.Protocol):
     def _pull_sources(self) -> None:
         sources, self._sources = self._sources, []
         for source in sources:
-            for ledger_id, master_key, flags, lac, entry_ids, bodies, target, timeout_s \
-                    in source.take(self.bookie_id):
-                self.send_adds(ledger_id, master_key, flags, lac, entry_ids, bodies, target,
-                               timeout_s)
+            for group in source.take(self.bookie_id):
+                self.send_adds(group)
 
     def request(self, request: Request, timeout_s: float) -> asyncio.Future[Response]:
         """``send`` with a future: resolves to the response or raises the error."""
@@ -427,7 +470,7 @@ class BookieChannel(asyncio.Protocol):
         self._transport = None
         self._paused = False
         self._unsent.clear()
-        self._unsent_bytes = sum(group[8] for group in self._groups)
+        self._unsent_bytes = sum(queued.nbytes for queued in self._groups)
         reason = exc or self._last_error or (
             "closed by peer" if self._answered else
             "closed by the bookie before any answer (if it serves TLS, connect with ssl=...; "
@@ -450,8 +493,8 @@ class BookieChannel(asyncio.Protocol):
         out = self._unsent
         bytes_max = min(ADD_BATCH_BYTES_MAX, self._frame_bytes_max // 2)
         queued, self._groups = self._groups, []
-        for ledger_id, master_key, flags, lac, entry_ids, bodies, target, deadline, nbytes \
-                in queued:
+        for (ledger_id, master_key, flags, lac, entry_ids, bodies, target, _), deadline, \
+                nbytes in queued:
             count = len(entry_ids)
             if count <= ADD_BATCH_ENTRIES_MAX and nbytes <= bytes_max:  # (the usual case)
                 parts = [(entry_ids, bodies)]
@@ -497,8 +540,9 @@ class BookieChannel(asyncio.Protocol):
         if self._sources:
             self._closed_for_sources(error)
         groups, self._groups = self._groups, []
-        for group in groups:
-            _GroupCallback(group[6], group[0], group[4])(error)
+        for queued in groups:
+            group = queued.group
+            _GroupCallback(group.target, group.ledger_id, group.entry_ids)(error)
         self._unsent_bytes = sum(len(piece) for piece in self._unsent)
         if not self._pending:
             return
@@ -512,8 +556,8 @@ class BookieChannel(asyncio.Protocol):
         """Fail what the registered sources hold for this bookie with ``error``."""
         sources, self._sources = self._sources, []
         for source in sources:
-            for ledger_id, _, _, _, entry_ids, _, target, _ in source.take(self.bookie_id):
-                _GroupCallback(target, ledger_id, entry_ids)(error)
+            for group in source.take(self.bookie_id):
+                _GroupCallback(group.target, group.ledger_id, group.entry_ids)(error)
 
     def _sweep(self) -> None:
         """Fail every request past its deadline, framed or still queued.  Runs while
@@ -527,17 +571,18 @@ class BookieChannel(asyncio.Protocol):
             return
         now = self._loop.time()
         expired = [rid for rid, p in self._pending.items() if p.deadline_s <= now]
-        late_groups = [group for group in self._groups if group[7] <= now]
+        late_groups = [queued for queued in self._groups if queued.deadline_s <= now]
         if late_groups:
-            self._groups = [group for group in self._groups if group[7] > now]
-            self._unsent_bytes -= sum(group[8] for group in late_groups)
+            self._groups = [queued for queued in self._groups if queued.deadline_s > now]
+            self._unsent_bytes -= sum(queued.nbytes for queued in late_groups)
         self._arm_sweep()  # before the callbacks: one that raises must not stop the watch
         for rid in expired:
             entry = self._pending.pop(rid)
             entry.callback(TimeoutError(f"bookie {self.bookie_id} did not answer in time"))
         unsent = f"not sent: {self._last_error or 'not connected'}"
-        for group in late_groups:
-            _GroupCallback(group[6], group[0], group[4])(TimeoutError(
+        for queued in late_groups:
+            group = queued.group
+            _GroupCallback(group.target, group.ledger_id, group.entry_ids)(TimeoutError(
                 f"bookie {self.bookie_id} did not answer in time ({unsent})"))
 
 
