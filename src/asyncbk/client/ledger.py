@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 
+from ..backoff import Backoff
 from ..clock import loop_timer
 from ..errors import (
     BadRequestError,
@@ -71,6 +72,10 @@ __all__ = ["DEGRADED_RETRY_S", "FRAME_OVERHEAD_BYTES_MAX", "READ_BATCHES_INFLIGH
 
 DEGRADED_RETRY_S = 2.0
 """How often a handle writing without failed bookies (no spare) tries to replace them."""
+
+ENSEMBLE_CHANGE_BACKOFF_S_INITIAL = 0.05
+"""The first wait of an ensemble change with no replacement (doubling up to
+``ensemble_change_backoff_s_max``; a registry change ends a wait early)."""
 
 
 class _PendingAdd:
@@ -126,6 +131,8 @@ class LedgerHandle(ReadHandle):
         self._outbox: dict[BookieId, tuple[int, list[int], list[bytes]]] | None = None
         """Sends queued this loop turn, by bookie: its position, entry ids, bodies."""
         self._outbox_lac = -1
+        self._targets: list[_PositionTarget | None] = [None] * metadata.ensemble_size
+        """Where each position's answers go (made again when its bookie changes)."""
         self._sender = _QueuedAdds(self)
         """What the channels ask for the queued sends (not the handle itself: its
         public surface stays the application's)."""
@@ -264,8 +271,11 @@ class LedgerHandle(ReadHandle):
         if group is None or self._error is not None:
             return []
         pos, entry_ids, bodies = group
+        target = self._targets[pos]
+        if target is None or target.bookie != bookie:
+            target = self._targets[pos] = _PositionTarget(self, pos, bookie)
         return [AddGroup(self.id, self._master_key, self._add_flags, lac, entry_ids, bodies,
-                         _PositionTarget(self, pos, bookie), self._ctx.config.add_timeout_s)]
+                         target, self._ctx.config.add_timeout_s)]
 
     def _complete(self, entry_ids: tuple[int, ...]) -> None:
         ops = self._ops
@@ -358,7 +368,8 @@ class LedgerHandle(ReadHandle):
     async def _change_ensemble(self) -> None:
         cfg = self._ctx.config
         writes = self._writes
-        backoff_s = 0.05
+        backoff = Backoff(min(ENSEMBLE_CHANGE_BACKOFF_S_INITIAL, cfg.ensemble_change_backoff_s_max),
+                          cfg.ensemble_change_backoff_s_max)
         back: set[BookieId] = set()
         """Failed bookies of the ensemble found healthy again while appends waited:
         each may take its own position back (no spare to be had)."""
@@ -385,8 +396,7 @@ class LedgerHandle(ReadHandle):
                     if not await self._no_replacement(failed, ensemble, writable, quarantined,
                                                       back):
                         break  # writing on without them (degraded)
-                    await self._ctx.bookies.wait_for_change(backoff_s)
-                    backoff_s = min(cfg.ensemble_change_backoff_s_max, backoff_s * 2)
+                    await self._ctx.bookies.wait_for_change(backoff.next_s())
                     continue
                 for pos, bookie in zip([p for p in failed if p not in keep], replacements,
                                        strict=True):
