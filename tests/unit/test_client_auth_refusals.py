@@ -24,8 +24,10 @@ from asyncbk.net.connector import (
     TcpConnector,
     credential_refusal,
     may_be_silent_refusal,
+    speaks_plain_protocol,
     speaks_tls,
 )
+from asyncbk.net.server import BookieListener, ServerConnection
 from asyncbk.proto import (
     AuthRequest,
     AuthResponse,
@@ -33,9 +35,11 @@ from asyncbk.proto import (
     BookieInfoResponse,
     FrameDecoder,
     ReadRequest,
+    Request,
     Status,
     decode_request,
     encode_response,
+    refusal,
 )
 
 from .test_client_channel import Answers, FakeTransport
@@ -412,3 +416,46 @@ async def test_a_tls_alert_refusing_the_certificate_is_named(pki: Pki) -> None:
             ssl_context=pki.client_context(pki.stranger_files)))
     assert isinstance(err, UnauthorizedAccessError), err
     assert "ALERT" in str(err) and f"bookie {bookie}" in str(err)
+
+
+class InfoHandler:
+    """A bookie's request handler: BOOKIE_INFO answered, anything else NO_ENTRY."""
+
+    def handle(self, request: Request, conn: ServerConnection) -> None:
+        if isinstance(request, BookieInfoRequest):
+            conn.respond(BookieInfoResponse(request.request_id, Status.OK, "b", "writable",
+                                            1, 2, "v"))
+        else:
+            conn.respond(refusal(request, Status.NO_ENTRY))
+
+
+@contextlib.asynccontextmanager
+async def plain_bookie(tokens: list[bytes] | None = None) -> AsyncIterator[str]:
+    listener = BookieListener(InfoHandler(), frame_bytes_max=1 << 20,
+                              write_buffer_bytes_high=1 << 20, connections_max=16,
+                              tokens=tokens)
+    port = await listener.start("127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await listener.close()
+
+
+async def test_speaks_plain_protocol_finds_a_bookie_without_tls(pki: Pki) -> None:
+    async with plain_bookie() as open_bookie, plain_bookie([b"t"]) as guarded, \
+            server(pki.server_context()) as tls, server(None, close_at_once=True) as closing:
+        for bookie, expected in ((open_bookie, True), (guarded, True), (tls, False),
+                                 (closing, False)):
+            assert await speaks_plain_protocol("127.0.0.1", int(bookie.split(":")[1]),
+                                               2.0) is expected, bookie
+    assert not await speaks_plain_protocol("127.0.0.1", free_port(), 2.0)
+
+
+async def test_a_tls_client_of_a_plain_bookie_is_told_so(pki: Pki) -> None:
+    async with plain_bookie([b"t"]) as bookie:
+        err = await first_answer(bookie, TcpConnector(
+            ssl_context=pki.client_context(pki.client_files)))
+        assert isinstance(err, UnauthorizedAccessError), err
+        assert f"bookie {bookie}: it does not serve TLS" in str(err)
+        # and without TLS, the same bookie answers
+        assert await first_answer(bookie, TcpConnector()) is None

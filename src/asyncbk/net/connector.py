@@ -19,6 +19,8 @@ address again, with a TLS handshake that offers no certificate and checks none
 so the connection it closed before answering anything was a refusal.  A bookie
 that is down, a network that drops or resets connections, a proxy whose bookie is
 gone: none of them completes a TLS handshake, so none is taken for a refusal.
+The mirror case, a client with TLS and a bookie without, is shown the same way: a
+bookie answers a plain BOOKIE_INFO (:func:`speaks_plain_protocol`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import ProtocolError
+from ..proto import BookieInfoRequest, FrameDecoder, decode_response, encode_request
 from ..types import BookieId, parse_bookie_id
 
 Connector = Callable[[BookieId, Callable[[], asyncio.Protocol]], Awaitable[Any]]
@@ -119,6 +123,48 @@ async def speaks_tls(host: str, port: int, timeout_s: float) -> bool:
     return True
 
 
+async def speaks_plain_protocol(host: str, port: int, timeout_s: float) -> bool:
+    """Whether a bookie answers at ``host:port`` without TLS: a BOOKIE_INFO request
+    (read-only) gets a well-formed answer, whatever its status (a bookie with tokens
+    answers UNAUTHORIZED)."""
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[bool] = loop.create_future()
+
+    class Probe(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.decoder = FrameDecoder(PROBE_FRAME_BYTES_MAX)
+
+        def data_received(self, data: bytes) -> None:
+            if answered.done():
+                return
+            try:
+                bodies = self.decoder.feed(data)
+                if bodies:  # (else: wait for the rest of the frame)
+                    answered.set_result(decode_response(bodies[0]).request_id == 1)
+            except ProtocolError:
+                answered.set_result(False)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not answered.done():
+                answered.set_result(False)
+
+    transport: asyncio.Transport | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            transport, _ = await loop.create_connection(Probe, host, port)
+            transport.write(encode_request(BookieInfoRequest(1)))
+            return await answered
+    except (OSError, builtins.TimeoutError):
+        return False
+    finally:
+        if transport is not None:
+            transport.abort()
+
+
+PROBE_FRAME_BYTES_MAX = 64 * 1024
+"""The largest answer :func:`speaks_plain_protocol` reads (a BOOKIE_INFO is small)."""
+
+
 class TcpConnector:
     """Connects over TCP to the bookie id's ``host:port`` (or its entry in
     ``address_map``, e.g. a fault-injecting proxy in front of it); over TLS with
@@ -147,9 +193,15 @@ class TcpConnector:
     async def explain_refusal(self, bookie_id: BookieId, timeout_s: float) -> str | None:
         """Why ``bookie_id``, which closed a connection before answering anything (or
         cut its TLS handshake short), refused this client; None unless a TLS server
-        answers at its address (see the module docstring)."""
+        answers at its address, or (for a client with TLS) a bookie without TLS (see
+        the module docstring)."""
         host, port = self.address(bookie_id)
         if not await speaks_tls(host, port, timeout_s):
+            if self.ssl_context is not None and await speaks_plain_protocol(host, port,
+                                                                            timeout_s):
+                return ("it does not serve TLS and this client connects with TLS: drop "
+                        "ssl=... (--tls-ca) for this cluster, or give its bookies "
+                        "--tls-cert and --tls-key")
             return None
         if self.ssl_context is None:
             return ("it serves TLS and this client connects without it: pass ssl=... (a "
@@ -167,5 +219,6 @@ def tcp_connector(address_map: dict[BookieId, str] | None = None,
     return TcpConnector(address_map, ssl_context)
 
 
-__all__ = ["CREDENTIAL_ALERTS", "Connector", "ExplainsRefusals", "TcpConnector",
-           "credential_refusal", "may_be_silent_refusal", "speaks_tls", "tcp_connector"]
+__all__ = ["CREDENTIAL_ALERTS", "PROBE_FRAME_BYTES_MAX", "Connector", "ExplainsRefusals",
+           "TcpConnector", "credential_refusal", "may_be_silent_refusal",
+           "speaks_plain_protocol", "speaks_tls", "tcp_connector"]
