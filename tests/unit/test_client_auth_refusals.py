@@ -134,11 +134,20 @@ async def test_a_silent_close_the_connector_explains_is_a_refusal() -> None:
     connector = FakeConnector(verdict="it refused this client's certificate")
     ch = BookieChannel("b:1", connector=connector, **OPTIONS)
     sent = info(ch)
+    got: list[Any] = []
+    ch.send_adds(AddGroup(7, b"k", 0, -1, [0], [b"a"], Answers(got), 5.0))
     await turns()
+    assert not ch.judging
     ch.connection_lost(None)  # closed before any answer
-    assert not sent.done(), "what was sent waits for the verdict"
+    assert ch.judging and not sent.done(), "a read waits for the verdict"
+    # an add fails at once, as on any lost connection (a writer must stop completing
+    # entries without this bookie), and its writer asks the verdict before replacing it
+    assert len(got) == 1 and isinstance(got[0], BookieUnavailableError)
     during = info(ch)  # queued while the connector is asked
     started = time.monotonic()
+    refusal = await ch.verdict()
+    assert isinstance(refusal, UnauthorizedAccessError) and not ch.judging
+    assert str(refusal) == "bookie b:1: it refused this client's certificate"
     with pytest.raises(UnauthorizedAccessError, match="bookie b:1: it refused this client's "
                        "certificate"):
         await sent
@@ -149,6 +158,7 @@ async def test_a_silent_close_the_connector_explains_is_a_refusal() -> None:
     with pytest.raises(UnauthorizedAccessError):  # the back-off: no new connection
         await info(ch)
     assert connector.connects == 1
+    assert await ch.verdict() is refusal
     await ch.close()
 
 
@@ -158,6 +168,8 @@ async def test_a_silent_close_without_a_verdict_is_a_lost_connection() -> None:
     sent = info(ch)
     await turns()
     ch.connection_lost(ConnectionResetError("reset by peer"))
+    assert ch.judging
+    assert await ch.verdict() is None and not ch.judging
     with pytest.raises(BookieUnavailableError, match="lost: reset by peer"):
         await sent
     assert connector.asked == 1

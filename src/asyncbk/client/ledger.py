@@ -149,6 +149,9 @@ class LedgerHandle(ReadHandle):
         """Why the enforced placement policy found no replacement, the last time."""
         """The bookies that failed since then (named in the error if it lasts)."""
         self._change_task: asyncio.Task[None] | None = None
+        self._judged: set[BookieId] = set()
+        """Failed bookies whose channel is finding out whether they refused this
+        client's credentials (not quarantined until it knows they did not)."""
         self.ensemble_changes = 0
         self._explicit_lac_handle: asyncio.TimerHandle | None = None
         self._quorum_timer: asyncio.TimerHandle | None = None
@@ -348,7 +351,10 @@ class LedgerHandle(ReadHandle):
         if effects.newly_failed:
             self._log.info("bookie failed an add, changing ensemble", bookie=bookie,
                            entry_id=entry_id, error=str(error))
-            self._ctx.quarantine_bookie(bookie)
+            if self._ctx.bookie_client.judging(bookie):
+                self._judged.add(bookie)  # quarantined once it did not refuse this client
+            else:
+                self._ctx.quarantine_bookie(bookie)
         self._apply(effects)
 
     def _on_acks(self, entry_ids: list[int], position: int, bookie: BookieId) -> None:
@@ -383,6 +389,7 @@ class LedgerHandle(ReadHandle):
                 failed = sorted(writes.failed_positions)
                 md = self._metadata
                 ensemble = list(md.ensembles[-1][1])
+                await self._judge([ensemble[p] for p in failed])
                 writable = await self._ctx.bookies.writable(cfg.metadata_timeout_s)
                 quarantined = self._ctx.quarantine.active()
                 keep = [p for p in failed if ensemble[p] in back
@@ -415,6 +422,10 @@ class LedgerHandle(ReadHandle):
                                    bookies=[old[p] for p in keep])
                 back.clear()
                 self._apply(writes.ensemble_changed(ensemble, failed))
+        except UnauthorizedAccessError as exc:
+            self._log.warning("bookie refused this client, ledger handle unusable",
+                              error=str(exc))
+            self._fail(exc)
         except BKError as exc:
             self._log.warning("ensemble change failed", error=str(exc))
             self._fail(exc)
@@ -427,6 +438,21 @@ class LedgerHandle(ReadHandle):
             effects = writes.change_ended()
         if self._error is None:
             self._apply(effects)
+
+    async def _judge(self, bookies: list[BookieId]) -> None:
+        """Raise UnauthorizedAccessError if one of the failed ``bookies`` refused this
+        client's credentials (a bookie's TLS layer refuses by closing the connection
+        without a word: its channel finds out within ``connect_timeout_s``), for a
+        refusal is no reason to replace a bookie; quarantine the others that waited
+        for that answer."""
+        client = self._ctx.bookie_client
+        for bookie in bookies:
+            refusal = await client.verdict(bookie)
+            if refusal is not None:
+                raise refusal
+            if bookie in self._judged:
+                self._judged.discard(bookie)
+                self._ctx.quarantine_bookie(bookie)
 
     async def _no_replacement(self, failed: list[int], ensemble: list[BookieId],
                               writable: list[BookieId], quarantined: set[BookieId],

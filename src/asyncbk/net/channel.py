@@ -235,6 +235,9 @@ class BookieChannel(asyncio.Protocol):
         self._unanswered: dict[int, _Pending] = {}
         """Requests of a connection the bookie closed before answering anything, while
         the connector is asked whether that was a refusal (failed with its verdict)."""
+        self._verdict: asyncio.Future[UnauthorizedAccessError | None] | None = None
+        """Whether the bookie refused this client, for the last connection it closed
+        before answering anything (None: no such connection since the last one made)."""
 
     # ------------------------------------------------------------ public API
 
@@ -369,6 +372,29 @@ class BookieChannel(asyncio.Protocol):
             fut.add_done_callback(lambda f: self.cancel(rid) if f.cancelled() else None)
         return fut
 
+    @property
+    def judging(self) -> bool:
+        """Whether the bookie closed a connection before answering anything and the
+        connector is being asked whether that was a refusal of this client
+        (:meth:`verdict`; at most ``connect_timeout_s``)."""
+        return self._verdict is not None and not self._verdict.done()
+
+    async def verdict(self) -> UnauthorizedAccessError | None:
+        """The error of the bookie's refusal of this client, if it refused it: the
+        verdict on the last connection it closed before answering anything (waited
+        for while :attr:`judging`), or a refusal whose back-off is under way; None
+        when it did not refuse."""
+        verdict = self._verdict
+        if verdict is not None:
+            if not verdict.done():
+                await asyncio.shield(verdict)
+            if verdict.result() is not None:
+                return verdict.result()
+        if isinstance(self._last_error, UnauthorizedAccessError) \
+                and self._loop.time() < self._retry_at_s:
+            return self._last_error
+        return None
+
     def reset_backoff(self) -> None:
         """Forget the reconnect back-off (the bookie is known to be back): the next
         send connects at once."""
@@ -461,6 +487,7 @@ class BookieChannel(asyncio.Protocol):
             return
         self._transport = transport
         self._paused = False
+        self._verdict = None
         if self._token is None:
             self._backoff.reset()  # (with a token: once the bookie accepts it)
         self._decoder = FrameDecoder(self._frame_bytes_max)
@@ -540,12 +567,32 @@ class BookieChannel(asyncio.Protocol):
             if not self._answered and self._explainer is not None \
                     and self._connect_task is None \
                     and (exc is None or may_be_silent_refusal(exc)):
-                # Closed before any answer: a refused TLS handshake looks like this.
-                # What was sent waits for the verdict; what comes meanwhile queues.
-                self._unanswered, self._pending = self._pending, {}
-                self._connect_task = self._loop.create_task(self._closed_silently(exc))
+                self._closed_before_answering(self._lost(exc))
                 return
         self._fail_all(self._lost(exc))
+
+    def _closed_before_answering(self, lost: BookieUnavailableError) -> None:
+        """A refused TLS handshake looks like this, so the connector is asked
+        (:meth:`judging`, :meth:`verdict`).  Adds fail now with ``lost``, as on any lost
+        connection: a writer must not go on completing entries without this bookie,
+        and it asks the verdict before replacing it.  Other requests wait for the
+        verdict; what comes meanwhile queues (and gets the verdict's error)."""
+        self._verdict = self._loop.create_future()
+        adds = [entry for entry in self._pending.values()
+                if isinstance(entry.callback, _GroupCallback)]
+        self._unanswered = {rid: entry for rid, entry in self._pending.items()
+                            if not isinstance(entry.callback, _GroupCallback)}
+        self._pending = {}
+        self._connect_task = self._loop.create_task(self._closed_silently(lost))
+        groups, self._groups = self._groups, []
+        self._unsent_bytes = 0
+        for queued in groups:
+            group = queued.group
+            _GroupCallback(group.target, group.ledger_id, group.entry_ids)(lost)
+        if self._sources:
+            self._closed_for_sources(lost)
+        for entry in adds:
+            entry.callback(lost)
 
     def _lost(self, exc: Exception | None) -> BookieUnavailableError:
         """The error of the requests of a connection that ended (with ``exc``)."""
@@ -558,17 +605,22 @@ class BookieChannel(asyncio.Protocol):
         self._last_error = exc or self._last_error
         return BookieUnavailableError(f"connection to bookie {self.bookie_id} lost: {reason}")
 
-    async def _closed_silently(self, exc: Exception | None) -> None:
-        """The bookie closed the connection before answering anything: fail what was
-        sent on it, and everything queued since, with UnauthorizedAccessError if it
-        refused this client, else as a lost connection.  (If the channel closes
-        meanwhile, :meth:`close` fails them.)"""
+    async def _closed_silently(self, lost: BookieUnavailableError) -> None:
+        """The connector's verdict on a connection the bookie closed before answering
+        anything: fail what waits with UnauthorizedAccessError if the bookie refused
+        this client, else with ``lost``.  (If the channel closes meanwhile,
+        :meth:`close` fails them.)"""
+        verdict = self._verdict
+        refusal: UnauthorizedAccessError | None = None
         try:
-            refused = await self._explain_silence()
+            reason = await self._explain_silence()
+            if reason is not None:
+                refusal = self._refused_by_bookie(reason)
         finally:
             self._connect_task = None
-        error = self._refused_by_bookie(refused) if refused is not None else self._lost(exc)
-        self._fail_all(error)
+            if verdict is not None and not verdict.done():
+                verdict.set_result(refusal)
+        self._fail_all(refusal if refusal is not None else lost)
 
     # ------------------------------------------------------------ internals
 
@@ -753,6 +805,18 @@ class BookieClient:
             ch = BookieChannel(bookie_id, **self._kw)
             self._channels[bookie_id] = ch
         return ch
+
+    def judging(self, bookie_id: BookieId) -> bool:
+        """Whether the channel to ``bookie_id`` is finding out if the bookie refused this
+        client (:attr:`BookieChannel.judging`)."""
+        ch = self._channels.get(bookie_id)
+        return ch is not None and ch.judging
+
+    async def verdict(self, bookie_id: BookieId) -> UnauthorizedAccessError | None:
+        """Whether ``bookie_id`` refused this client (:meth:`BookieChannel.verdict`;
+        None without a channel)."""
+        ch = self._channels.get(bookie_id)
+        return await ch.verdict() if ch is not None else None
 
     def reset_backoff(self, bookie_id: BookieId) -> None:
         """The bookie is back (registered anew): reconnect at once on the next send."""
