@@ -18,7 +18,8 @@ import pytest
 import trustme
 
 from asyncbk.errors import BookieUnavailableError, UnauthorizedAccessError
-from asyncbk.net.channel import AddGroup, BookieChannel
+from asyncbk.net.adds import AddGroup
+from asyncbk.net.channel import BookieChannel
 from asyncbk.net.connector import (
     CREDENTIAL_ALERTS,
     TcpConnector,

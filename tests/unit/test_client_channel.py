@@ -16,7 +16,8 @@ from asyncbk.config import ClientConfig
 from asyncbk.errors import BookieIOError, TooManyRequestsError, UnauthorizedAccessError
 from asyncbk.meta.memory import MemoryMetadataStore
 from asyncbk.meta.model import new_metadata
-from asyncbk.net.channel import AddGroup, BookieChannel
+from asyncbk.net.adds import AddGroup
+from asyncbk.net.channel import BookieChannel
 from asyncbk.proto import (
     AddResponse,
     FrameDecoder,

@@ -51,7 +51,7 @@ from ..errors import (
     invariant,
 )
 from ..meta.model import Ensemble, Fragment, LedgerMetadata, LedgerState
-from ..net.channel import AddGroup
+from ..net.adds import AddGroup
 from ..proto import AddFlag, AddResponse, Response, Status, WriteLacRequest
 from ..types import BookieId
 from .context import ClientContext
@@ -690,7 +690,7 @@ class _QueuedAdds:
 class _PositionTarget:
     """Where a channel hands the answers to a group of adds sent to ``bookie`` at
     ``position`` (:meth:`LedgerHandle._take_adds`): an
-    :class:`~asyncbk.net.channel.AddTarget`."""
+    :class:`~asyncbk.net.adds.AddTarget`."""
 
     __slots__ = ("bookie", "handle", "position")
 

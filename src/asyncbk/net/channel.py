@@ -6,6 +6,8 @@ encoded into the channel's output buffer and the buffer goes to the socket in
 one ``transport.write`` per loop turn, whatever the number of requests.  The
 response (or the error that replaced it) is handed to ``callback`` exactly
 once.  Many requests are in flight at once, matched to responses by request id.
+A ledger handle's adds come as groups, one per ledger and loop turn
+(:mod:`asyncbk.net.adds`), framed as ADD_BATCH requests at the flush.
 
 The channel connects lazily on the first send and reconnects on a later send
 after a loss (with a capped back-off, :class:`~asyncbk.backoff.Backoff`: while
@@ -31,8 +33,8 @@ import builtins
 import contextlib
 import itertools
 import socket
-from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, Protocol, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar, cast
 
 from ..backoff import Backoff
 from ..errors import (
@@ -46,8 +48,6 @@ from ..errors import (
 )
 from ..log import get_logger
 from ..proto import (
-    AddBatchResponse,
-    AddResponse,
     AuthRequest,
     FrameDecoder,
     Op,
@@ -61,6 +61,7 @@ from ..proto import (
     encode_request,
 )
 from ..types import BookieId
+from .adds import AddGroup, AddSource, GroupCallback
 from .connector import (
     Connector,
     ExplainsRefusals,
@@ -81,51 +82,6 @@ entries and bytes of bodies (and never more than half the frame limit)."""
 RECONNECT_BACKOFF_S_INITIAL = 0.05
 """The first reconnect back-off (doubling up to ``reconnect_backoff_s_max``)."""
 
-ADD_OK = AddResponse(0, Status.OK, 0, 0)
-"""What an add's callback gets for an OK entry of a batch answer (only its type and
-status are read)."""
-
-
-class AddTarget(Protocol):
-    """Where a channel hands the answers to a group of adds (:class:`AddGroup`)."""
-
-    def acked(self, entry_ids: list[int]) -> None:
-        """The bookie made every entry of ``entry_ids`` durable (one call for a batch
-        answered OK throughout)."""
-
-    def answered(self, entry_id: int, result: Response | BKError) -> None:
-        """``entry_id``'s own answer: an AddResponse (OK or not) or the error that
-        replaced it (a refusal, a timeout, a lost connection)."""
-
-
-class AddGroup(NamedTuple):
-    """Adds of one ledger to one bookie, handed to a channel together
-    (:meth:`BookieChannel.send_adds`, :meth:`AddSource.take`) and framed at its flush as
-    ADD_BATCH requests (a lone entry as an ADD).  One per ledger, bookie and loop turn,
-    not per entry."""
-
-    ledger_id: int
-    master_key: bytes
-    flags: int
-    lac: int
-    """The LAC piggybacked on every add of the group."""
-    entry_ids: list[int]
-    bodies: list[bytes]
-    """The sealed entries, in the order of ``entry_ids``."""
-    target: AddTarget
-    timeout_s: float
-    """Each add fails with TimeoutError if not answered this long after it was queued."""
-
-
-class AddSource(Protocol):
-    """A sender with adds for a bookie, asked for them at the channel's flush
-    (:meth:`BookieChannel.add_source`)."""
-
-    def take(self, bookie_id: BookieId) -> Iterable[AddGroup]:
-        """The groups of adds for ``bookie_id`` queued since the last call (each handed
-        over once)."""
-
-
 class _QueuedGroup(NamedTuple):
     """A group waiting in the channel to be framed."""
 
@@ -133,41 +89,6 @@ class _QueuedGroup(NamedTuple):
     deadline_s: float
     nbytes: int
     """Bytes of its bodies (counted in the channel's unsent bytes)."""
-
-
-class _GroupCallback:
-    """Hands the answer to an ADD_BATCH of a group (:meth:`BookieChannel.send_adds`) to
-    its target: ``target.acked(entry_ids)`` when every entry is OK (one call), else
-    ``target.answered(entry_id, AddResponse or error)`` for each."""
-
-    __slots__ = ("entry_ids", "ledger_id", "target")
-
-    def __init__(self, target: AddTarget, ledger_id: int, entry_ids: list[int]) -> None:
-        self.target = target
-        self.ledger_id = ledger_id
-        self.entry_ids = entry_ids
-
-    def __call__(self, result: Response | BKError) -> None:
-        target, entry_ids = self.target, self.entry_ids
-        if isinstance(result, AddResponse) and len(entry_ids) == 1:  # a group of one: an ADD
-            if result.status == Status.OK:
-                target.acked(entry_ids)
-            else:
-                target.answered(entry_ids[0], result)
-            return
-        if isinstance(result, AddBatchResponse) and len(result.statuses) == len(entry_ids):
-            if not any(result.statuses):
-                target.acked(entry_ids)
-                return
-            ledger_id = self.ledger_id
-            for entry_id, status in zip(entry_ids, result.statuses, strict=True):
-                target.answered(entry_id, ADD_OK if status == 0
-                                else AddResponse(0, status, ledger_id, entry_id))
-            return
-        error = result if isinstance(result, BKError) else BookieUnavailableError(
-            f"malformed answer to a batch of adds: {type(result).__name__}")
-        for entry_id in entry_ids:
-            target.answered(entry_id, error)
 
 
 class _Pending:
@@ -319,7 +240,7 @@ class BookieChannel(asyncio.Protocol):
         refusal, a timeout or a lost connection, possibly before this returns)."""
         refused = self._refusal()
         if refused is not None:
-            _GroupCallback(group.target, group.ledger_id, group.entry_ids)(refused)
+            GroupCallback(group.target, group.ledger_id, group.entry_ids)(refused)
             return
         nbytes = sum(map(len, group.bodies))
         self._groups.append(_QueuedGroup(group, self._loop.time() + group.timeout_s, nbytes))
@@ -348,7 +269,7 @@ class BookieChannel(asyncio.Protocol):
                     continue
                 refused = self._refusal()
                 if refused is not None:
-                    _GroupCallback(group.target, group.ledger_id, group.entry_ids)(refused)
+                    GroupCallback(group.target, group.ledger_id, group.entry_ids)(refused)
                     continue
                 nbytes = sum(map(len, group.bodies))
                 self._unsent_bytes += nbytes
@@ -579,16 +500,16 @@ class BookieChannel(asyncio.Protocol):
         verdict; what comes meanwhile queues (and gets the verdict's error)."""
         self._verdict = self._loop.create_future()
         adds = [entry for entry in self._pending.values()
-                if isinstance(entry.callback, _GroupCallback)]
+                if isinstance(entry.callback, GroupCallback)]
         self._unanswered = {rid: entry for rid, entry in self._pending.items()
-                            if not isinstance(entry.callback, _GroupCallback)}
+                            if not isinstance(entry.callback, GroupCallback)}
         self._pending = {}
         self._connect_task = self._loop.create_task(self._closed_silently(lost))
         groups, self._groups = self._groups, []
         self._unsent_bytes = 0
         for queued in groups:
             group = queued.group
-            _GroupCallback(group.target, group.ledger_id, group.entry_ids)(lost)
+            GroupCallback(group.target, group.ledger_id, group.entry_ids)(lost)
         if self._sources:
             self._closed_for_sources(lost)
         for entry in adds:
@@ -662,12 +583,12 @@ class BookieChannel(asyncio.Protocol):
             if len(ids) == 1:
                 out.extend(add_request_frame(rid, add_request_tail(
                     ledger_id, ids[0], master_key, flags, lac, part[0])))
-                pending[rid] = _Pending(_GroupCallback(target, ledger_id, ids), deadline_s,
+                pending[rid] = _Pending(GroupCallback(target, ledger_id, ids), deadline_s,
                                         Op.ADD)
             else:
                 out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac,
                                                     ids, part))
-                pending[rid] = _Pending(_GroupCallback(target, ledger_id, ids), deadline_s,
+                pending[rid] = _Pending(GroupCallback(target, ledger_id, ids), deadline_s,
                                         Op.ADD_BATCH)
 
     def _flush(self) -> None:
@@ -694,7 +615,7 @@ class BookieChannel(asyncio.Protocol):
         groups, self._groups = self._groups, []
         for queued in groups:
             group = queued.group
-            _GroupCallback(group.target, group.ledger_id, group.entry_ids)(error)
+            GroupCallback(group.target, group.ledger_id, group.entry_ids)(error)
         self._unsent_bytes = sum(len(piece) for piece in self._unsent)
         if not self._pending:
             return
@@ -710,7 +631,7 @@ class BookieChannel(asyncio.Protocol):
         sources, self._sources = self._sources, []
         for source in sources:
             for group in source.take(self.bookie_id):
-                _GroupCallback(group.target, group.ledger_id, group.entry_ids)(error)
+                GroupCallback(group.target, group.ledger_id, group.entry_ids)(error)
 
     def _sweep(self) -> None:
         """Fail every request past its deadline, framed or still queued.  Runs while
@@ -735,7 +656,7 @@ class BookieChannel(asyncio.Protocol):
         unsent = f"not sent: {self._last_error or 'not connected'}"
         for queued in late_groups:
             group = queued.group
-            _GroupCallback(group.target, group.ledger_id, group.entry_ids)(TimeoutError(
+            GroupCallback(group.target, group.ledger_id, group.entry_ids)(TimeoutError(
                 f"bookie {self.bookie_id} did not answer in time ({unsent})"))
 
 
