@@ -19,7 +19,7 @@ from asyncbk.errors import MetadataError
 from asyncbk.errors import TimeoutError as BKTimeoutError
 from asyncbk.meta.api import MetadataStore
 from asyncbk.meta.etcd import EtcdMetadataStore
-from asyncbk.meta.etcd_client import new_client
+from asyncbk.meta.etcd3_adapter import new_client
 from asyncbk.meta.etcd_stream import lease_keepalive_once, stream_json
 from asyncbk.meta.uri import open_metadata_store
 from asyncbk.testing.etcd import EtcdServer, EtcdServerError, find_etcd_binary, free_port

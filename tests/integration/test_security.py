@@ -9,6 +9,7 @@ import asyncio
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -16,7 +17,7 @@ import pytest
 import trustme
 
 from asyncbk.client.client import BookKeeper
-from asyncbk.errors import BKError, MetadataError
+from asyncbk.errors import BKError, MetadataError, UnauthorizedAccessError
 from asyncbk.net.security import client_context
 from asyncbk.proto import (
     AuthRequest,
@@ -172,6 +173,101 @@ async def test_clients_without_the_right_credentials_get_nothing(secure: LocalCl
         finally:
             await intruder.close()
     rh = await bk.open_ledger(lh.id)
+    assert [e.data for e in await rh.read(0, 0)] == [b"secret data"]
+
+
+def _stranger_files(tmp_path: Path) -> list[str]:
+    """A client certificate and key of a CA the bookies do not trust."""
+    stranger = trustme.CA().issue_cert("asyncbk-client")
+    files = []
+    for name, blob in (("cert.pem", stranger.cert_chain_pems[0].bytes()),
+                       ("key.pem", stranger.private_key_pem.bytes())):
+        (tmp_path / name).write_bytes(blob)
+        files.append(str(tmp_path / name))
+    return files
+
+
+async def test_refused_credentials_fail_fast_naming_the_bookie(secure: LocalCluster,
+                                                               tmp_path: Path) -> None:
+    """A wrong token, a client certificate of another CA, none, or no TLS at all: the
+    first append, open and read each fail within seconds with UnauthorizedAccessError
+    naming a bookie and the cause (not NotEnoughBookiesError a minute later), with no
+    ensemble change and no bookie quarantined; meanwhile a client with the right
+    credentials keeps writing to the same bookies without an ensemble change."""
+    bk = await secure.client()
+    assert secure.tls is not None
+    good = secure.client_ssl_context()
+    closed = await bk.create_ledger(3, 3, 2)
+    await closed.append(b"secret data")
+    await closed.close()
+    abandoned = await bk.create_ledger(3, 3, 2)  # left open: opening it recovers it
+    await abandoned.append(b"open data")
+    writer = await bk.create_ledger(3, 3, 2)
+    written = 0
+    stop = asyncio.Event()
+
+    async def keep_writing() -> None:
+        nonlocal written
+        while not stop.is_set():
+            await asyncio.gather(*(writer.append(b"w") for _ in range(20)))
+            written += 20
+
+    attempts: dict[str, tuple[dict[str, object], str]] = {
+        "wrong token": ({"ssl": good, "token": "not-" + TOKEN}, "token"),
+        "certificate of another CA": ({"ssl": client_context(
+            str(secure.tls.ca), *_stranger_files(tmp_path)), "token": TOKEN}, "certificate"),
+        "no client certificate": ({"ssl": client_context(str(secure.tls.ca)),
+                                   "token": TOKEN}, "certificate"),
+        "no TLS": ({"token": TOKEN}, "serves TLS"),
+    }
+    task = asyncio.create_task(keep_writing())
+    try:
+        for what, (security, cause) in attempts.items():
+            before = written
+            intruder = await BookKeeper.connect(secure.metadata_uri, etcd_ssl=good,
+                                                etcd_user=secure.etcd_user,
+                                                etcd_password=secure.etcd_password,
+                                                **security)  # type: ignore[arg-type]
+            try:
+                lh = await intruder.create_ledger(3, 3, 2)  # (metadata only: no bookie yet)
+
+                async def append() -> None:
+                    await lh.append(b"x")  # noqa: B023 (awaited in this iteration)
+
+                async def open_recovering() -> None:
+                    await intruder.open_ledger(abandoned.id)  # noqa: B023
+
+                async def open_tailing() -> None:
+                    await intruder.open_ledger(abandoned.id, recovery=False)  # noqa: B023
+
+                async def read() -> None:
+                    rh = await intruder.open_ledger(closed.id)  # noqa: B023
+                    await rh.read(0, 0)
+
+                for op in (append, open_recovering, open_tailing, read):
+                    started = time.monotonic()
+                    with pytest.raises(UnauthorizedAccessError) as info:
+                        async with asyncio.timeout(30):
+                            await op()
+                    elapsed = time.monotonic() - started
+                    message = str(info.value)
+                    assert elapsed < 10, f"{what}, {op.__name__}: {elapsed:.1f}s"
+                    assert cause in message, f"{what}, {op.__name__}: {message}"
+                    assert any(f"bookie {b.id}" in message for b in secure.bookies), message
+                    assert TOKEN not in message
+                assert lh.ensemble_changes == 0 and intruder.stats.ensemble_changes == 0
+                assert intruder.quarantine.active() == set(), what
+            finally:
+                await intruder.close()
+            async with asyncio.timeout(30):  # the good writer went on meanwhile
+                while written <= before + 20:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task
+    assert writer.ensemble_changes == 0 and bk.stats.ensemble_changes == 0
+    assert bk.quarantine.active() == set()
+    rh = await bk.open_ledger(closed.id)
     assert [e.data for e in await rh.read(0, 0)] == [b"secret data"]
 
 

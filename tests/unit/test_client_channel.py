@@ -16,6 +16,7 @@ from asyncbk.config import ClientConfig
 from asyncbk.errors import BookieIOError, TooManyRequestsError, UnauthorizedAccessError
 from asyncbk.meta.memory import MemoryMetadataStore
 from asyncbk.meta.model import new_metadata
+from asyncbk.net.adds import AddGroup
 from asyncbk.net.channel import BookieChannel
 from asyncbk.proto import (
     AddResponse,
@@ -166,7 +167,7 @@ async def test_an_add_queued_as_the_sweep_runs_still_times_out() -> None:
     first = next(iter(ch._pending))
     ch.cancel(first)  # nothing in flight; the sweep started by that send is still armed
     got: list[Any] = []
-    ch.send_adds(1, b"k", 0, -1, [0], [b"body"], Answers(got), 0.1)
+    ch.send_adds(AddGroup(1, b"k", 0, -1, [0], [b"body"], Answers(got), 0.1))
     assert ch._sweep_handle is not None
     ch._sweep_handle.cancel()
     ch._sweep()  # the armed sweep fires now, before this turn's flush frames the add
@@ -187,7 +188,7 @@ async def test_an_add_that_never_leaves_the_queue_times_out() -> None:
     ch = BookieChannel("b:1", connector=connector, frame_bytes_max=1 << 20, requests_max=10,
                        connect_timeout_s=30.0, reconnect_backoff_s_max=0.1)
     got: list[Any] = []
-    ch.send_adds(1, b"k", 0, -1, [0], [b"body"], Answers(got), 0.1)
+    ch.send_adds(AddGroup(1, b"k", 0, -1, [0], [b"body"], Answers(got), 0.1))
     await asyncio.sleep(0.4)
     assert len(got) == 1 and "not sent" in str(got[0])
     assert ch.buffered_bytes == 0

@@ -18,7 +18,8 @@ from ..log import get_logger
 from ..meta.api import MetadataStore
 from ..meta.model import DIGESTS, LedgerMetadata, LedgerState, new_metadata
 from ..meta.uri import open_metadata_store
-from ..net.channel import BookieClient, Connector, tcp_connector
+from ..net.channel import BookieClient
+from ..net.connector import Connector, tcp_connector
 from ..topology import POLICIES
 from ..types import BookieId
 from .bookies import WRITABLE_STATE, BookieWatcher, RackMapping
@@ -364,6 +365,8 @@ class BookKeeper:
         if not md.is_closed:
             try:
                 await handle.read_last_add_confirmed()
+            except UnauthorizedAccessError:
+                raise  # every bookie refused this client: reads would fail too
             except BKError as exc:
                 self._log.warning("could not read the LAC at open", ledger_id=ledger_id,
                                   error=str(exc))

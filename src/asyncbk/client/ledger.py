@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any
 
+from ..backoff import Backoff
 from ..clock import loop_timer
 from ..errors import (
     BadRequestError,
@@ -50,7 +50,8 @@ from ..errors import (
     UnauthorizedAccessError,
     invariant,
 )
-from ..meta.model import Ensemble, LedgerMetadata, LedgerState
+from ..meta.model import Ensemble, Fragment, LedgerMetadata, LedgerState
+from ..net.adds import AddGroup
 from ..proto import AddFlag, AddResponse, Response, Status, WriteLacRequest
 from ..types import BookieId
 from .context import ClientContext
@@ -71,6 +72,10 @@ __all__ = ["DEGRADED_RETRY_S", "FRAME_OVERHEAD_BYTES_MAX", "READ_BATCHES_INFLIGH
 
 DEGRADED_RETRY_S = 2.0
 """How often a handle writing without failed bookies (no spare) tries to replace them."""
+
+ENSEMBLE_CHANGE_BACKOFF_S_INITIAL = 0.05
+"""The first wait of an ensemble change with no replacement (doubling up to
+``ensemble_change_backoff_s_max``; a registry change ends a wait early)."""
 
 
 class _PendingAdd:
@@ -126,6 +131,8 @@ class LedgerHandle(ReadHandle):
         self._outbox: dict[BookieId, tuple[int, list[int], list[bytes]]] | None = None
         """Sends queued this loop turn, by bookie: its position, entry ids, bodies."""
         self._outbox_lac = -1
+        self._targets: list[_PositionTarget | None] = [None] * metadata.ensemble_size
+        """Where each position's answers go (made again when its bookie changes)."""
         self._sender = _QueuedAdds(self)
         """What the channels ask for the queued sends (not the handle itself: its
         public surface stays the application's)."""
@@ -142,6 +149,9 @@ class LedgerHandle(ReadHandle):
         """Why the enforced placement policy found no replacement, the last time."""
         """The bookies that failed since then (named in the error if it lasts)."""
         self._change_task: asyncio.Task[None] | None = None
+        self._judged: set[BookieId] = set()
+        """Failed bookies whose channel is finding out whether they refused this
+        client's credentials (not quarantined until it knows they did not)."""
         self.ensemble_changes = 0
         self._explicit_lac_handle: asyncio.TimerHandle | None = None
         self._quorum_timer: asyncio.TimerHandle | None = None
@@ -250,7 +260,7 @@ class LedgerHandle(ReadHandle):
         for bookie in new:  # (a channel that cannot send takes and refuses at once)
             client.channel(bookie).add_source(self._sender)
 
-    def _take_adds(self, bookie: BookieId) -> list[tuple[Any, ...]]:
+    def _take_adds(self, bookie: BookieId) -> list[AddGroup]:
         """What ``bookie``'s channel sends for this handle now (see
         :meth:`BookieChannel.add_source`): its queued group, if any."""
         box = self._outbox
@@ -264,8 +274,11 @@ class LedgerHandle(ReadHandle):
         if group is None or self._error is not None:
             return []
         pos, entry_ids, bodies = group
-        return [(self.id, self._master_key, self._add_flags, lac, entry_ids, bodies,
-                 _PositionTarget(self, pos, bookie), self._ctx.config.add_timeout_s)]
+        target = self._targets[pos]
+        if target is None or target.bookie != bookie:
+            target = self._targets[pos] = _PositionTarget(self, pos, bookie)
+        return [AddGroup(self.id, self._master_key, self._add_flags, lac, entry_ids, bodies,
+                         target, self._ctx.config.add_timeout_s)]
 
     def _complete(self, entry_ids: tuple[int, ...]) -> None:
         ops = self._ops
@@ -338,7 +351,10 @@ class LedgerHandle(ReadHandle):
         if effects.newly_failed:
             self._log.info("bookie failed an add, changing ensemble", bookie=bookie,
                            entry_id=entry_id, error=str(error))
-            self._ctx.quarantine_bookie(bookie)
+            if self._ctx.bookie_client.judging(bookie):
+                self._judged.add(bookie)  # quarantined once it did not refuse this client
+            else:
+                self._ctx.quarantine_bookie(bookie)
         self._apply(effects)
 
     def _on_acks(self, entry_ids: list[int], position: int, bookie: BookieId) -> None:
@@ -358,7 +374,8 @@ class LedgerHandle(ReadHandle):
     async def _change_ensemble(self) -> None:
         cfg = self._ctx.config
         writes = self._writes
-        backoff_s = 0.05
+        backoff = Backoff(min(ENSEMBLE_CHANGE_BACKOFF_S_INITIAL, cfg.ensemble_change_backoff_s_max),
+                          cfg.ensemble_change_backoff_s_max)
         back: set[BookieId] = set()
         """Failed bookies of the ensemble found healthy again while appends waited:
         each may take its own position back (no spare to be had)."""
@@ -372,6 +389,7 @@ class LedgerHandle(ReadHandle):
                 failed = sorted(writes.failed_positions)
                 md = self._metadata
                 ensemble = list(md.ensembles[-1][1])
+                await self._judge([ensemble[p] for p in failed])
                 writable = await self._ctx.bookies.writable(cfg.metadata_timeout_s)
                 quarantined = self._ctx.quarantine.active()
                 keep = [p for p in failed if ensemble[p] in back
@@ -385,8 +403,7 @@ class LedgerHandle(ReadHandle):
                     if not await self._no_replacement(failed, ensemble, writable, quarantined,
                                                       back):
                         break  # writing on without them (degraded)
-                    await self._ctx.bookies.wait_for_change(backoff_s)
-                    backoff_s = min(cfg.ensemble_change_backoff_s_max, backoff_s * 2)
+                    await self._ctx.bookies.wait_for_change(backoff.next_s())
                     continue
                 for pos, bookie in zip([p for p in failed if p not in keep], replacements,
                                        strict=True):
@@ -405,6 +422,10 @@ class LedgerHandle(ReadHandle):
                                    bookies=[old[p] for p in keep])
                 back.clear()
                 self._apply(writes.ensemble_changed(ensemble, failed))
+        except UnauthorizedAccessError as exc:
+            self._log.warning("bookie refused this client, ledger handle unusable",
+                              error=str(exc))
+            self._fail(exc)
         except BKError as exc:
             self._log.warning("ensemble change failed", error=str(exc))
             self._fail(exc)
@@ -417,6 +438,21 @@ class LedgerHandle(ReadHandle):
             effects = writes.change_ended()
         if self._error is None:
             self._apply(effects)
+
+    async def _judge(self, bookies: list[BookieId]) -> None:
+        """Raise UnauthorizedAccessError if one of the failed ``bookies`` refused this
+        client's credentials (a bookie's TLS layer refuses by closing the connection
+        without a word: its channel finds out within ``connect_timeout_s``), for a
+        refusal is no reason to replace a bookie; quarantine the others that waited
+        for that answer."""
+        client = self._ctx.bookie_client
+        for bookie in bookies:
+            refusal = await client.verdict(bookie)
+            if refusal is not None:
+                raise refusal
+            if bookie in self._judged:
+                self._judged.discard(bookie)
+                self._ctx.quarantine_bookie(bookie)
 
     async def _no_replacement(self, failed: list[int], ensemble: list[BookieId],
                               writable: list[BookieId], quarantined: set[BookieId],
@@ -624,8 +660,8 @@ class LedgerHandle(ReadHandle):
             self._cancel_timers()
 
 
-def _with_fragment(fragments: tuple[Any, ...], first: int, ensemble: Ensemble,
-                   ledger_id: int) -> tuple[Any, ...]:
+def _with_fragment(fragments: tuple[Fragment, ...], first: int, ensemble: Ensemble,
+                   ledger_id: int) -> tuple[Fragment, ...]:
     """``fragments`` with a new last fragment at ``first`` (replacing the last one if it
     starts there too: several changes before any entry completes)."""
     out = list(fragments)
@@ -647,13 +683,14 @@ class _QueuedAdds:
     def __init__(self, handle: LedgerHandle) -> None:
         self.handle = handle
 
-    def take(self, bookie: BookieId) -> list[tuple[Any, ...]]:
+    def take(self, bookie: BookieId) -> list[AddGroup]:
         return self.handle._take_adds(bookie)
 
 
 class _PositionTarget:
     """Where a channel hands the answers to a group of adds sent to ``bookie`` at
-    ``position`` (:meth:`LedgerHandle._take_adds`)."""
+    ``position`` (:meth:`LedgerHandle._take_adds`): an
+    :class:`~asyncbk.net.adds.AddTarget`."""
 
     __slots__ = ("bookie", "handle", "position")
 
@@ -665,7 +702,7 @@ class _PositionTarget:
     def acked(self, entry_ids: list[int]) -> None:
         self.handle._on_acks(entry_ids, self.position, self.bookie)
 
-    def answered(self, entry_id: int, result: Any) -> None:
+    def answered(self, entry_id: int, result: Response | BKError) -> None:
         self.handle._on_add_response(entry_id, self.position, self.bookie, result)
 
 
@@ -674,5 +711,5 @@ def _consume_error(task: asyncio.Future[None]) -> None:
         task.exception()
 
 
-def _ignore(result: Any) -> None:
+def _ignore(result: Response | BKError) -> None:
     """Explicit LAC writes are best effort: the next one, or the next add, carries it."""

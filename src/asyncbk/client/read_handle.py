@@ -295,6 +295,10 @@ class ReadHandle:
                 f"ledger {md.ledger_id} entry {entry_id}: no replica has a good copy")
         if errors and all(isinstance(e, (NoSuchEntryError, NoSuchLedgerError)) for e in errors):
             raise NoSuchEntryError(f"ledger {md.ledger_id} entry {entry_id} is on no bookie")
+        if any(isinstance(e, UnauthorizedAccessError) for e in errors):
+            raise UnauthorizedAccessError(
+                f"ledger {md.ledger_id} entry {entry_id}: no replica could be read, and "
+                f"credentials were refused ({'; '.join(str(e) for e in errors)})")
         raise BookieUnavailableError(
             f"ledger {md.ledger_id} entry {entry_id}: no replica could be read "
             f"({'; '.join(str(e) for e in errors)})")
@@ -333,16 +337,25 @@ class ReadHandle:
             futs.append(ch.request(ReadLacRequest(ch.next_request_id(), md.ledger_id), timeout_s))
         results = await asyncio.gather(*futs, return_exceptions=True)
         answered = 0
-        for r in results:
+        refused: list[str] = []
+        for bookie, r in zip(ensemble, results, strict=True):
             if isinstance(r, ReadLacResponse):
                 if r.status == Status.OK:
                     answered += 1
                     self._advance_lac(r.lac)
                 elif r.status == Status.NO_LEDGER:
                     answered += 1
+                elif r.status == Status.UNAUTHORIZED:
+                    refused.append(f"bookie {bookie} answered UNAUTHORIZED")
+            elif isinstance(r, UnauthorizedAccessError):
+                refused.append(str(r))
             elif isinstance(r, BaseException) and not isinstance(r, BKError):
                 raise r
         if answered == 0:
+            if refused:
+                raise UnauthorizedAccessError(
+                    f"ledger {md.ledger_id}: no bookie of {', '.join(ensemble)} answered a "
+                    f"LAC read, and credentials were refused ({'; '.join(refused)})")
             raise BookieUnavailableError(
                 f"ledger {md.ledger_id}: no bookie of {', '.join(ensemble)} answered a LAC read")
         return self._lac
@@ -362,21 +375,36 @@ class ReadHandle:
                 LongPollLacRequest(ch.next_request_id(), md.ledger_id, after, timeout_ms),
                 timeout + grace_s))
         pending = list(futs)
+        answered = False
+        refused: list[str] = []
         try:
             async with asyncio.timeout(timeout + grace_s):
                 while pending and self._lac <= after:
                     done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                     pending = [f for f in pending if f not in done]
                     for f in [f for f in futs if f in done]:  # send order: replayable
-                        if f.exception() is None:
-                            r = f.result()
-                            if isinstance(r, LongPollLacResponse) and r.status == Status.OK:
-                                self._advance_lac(r.lac)
+                        exc = f.exception()
+                        if exc is not None:
+                            if isinstance(exc, UnauthorizedAccessError):
+                                refused.append(str(exc))
+                            continue
+                        r = f.result()
+                        if r.status == Status.UNAUTHORIZED:
+                            refused.append(f"bookie {ensemble[futs.index(f)]} answered "
+                                           "UNAUTHORIZED")
+                            continue
+                        answered = True
+                        if isinstance(r, LongPollLacResponse) and r.status == Status.OK:
+                            self._advance_lac(r.lac)
         except builtins.TimeoutError:
             pass
         finally:
             for f in pending:
                 f.cancel()
+        if refused and not answered and not pending:
+            raise UnauthorizedAccessError(
+                f"ledger {md.ledger_id}: no bookie of {', '.join(ensemble)} answered a LAC "
+                f"long-poll, and credentials were refused ({'; '.join(refused)})")
         return self._lac
 
     async def tail(self, start: int = 0, poll_s: float = 1.0) -> AsyncIterator[LedgerEntry]:

@@ -119,6 +119,8 @@ class LedgerRecoveryOp:
         answered: set[int] = set()
         lac = -1
         errors: list[str] = []
+        refused = False
+        """Whether a bookie refused this client's credentials."""
 
         def covered() -> bool:
             return all(sum(p in answered for p in ws) >= needed for ws in write_sets)
@@ -133,6 +135,7 @@ class LedgerRecoveryOp:
                             r = exc
                     if isinstance(r, BKError):
                         errors.append(f"{ensemble[pos]}: {r}")
+                        refused |= isinstance(r, UnauthorizedAccessError)
                         continue
                     if r.status == Status.UNAUTHORIZED:
                         raise UnauthorizedAccessError(f"ledger {md.ledger_id}: wrong password")
@@ -152,6 +155,10 @@ class LedgerRecoveryOp:
             for fut in inflight:
                 fut.cancel()
         if not covered():
+            if refused:
+                raise UnauthorizedAccessError(
+                    f"ledger {md.ledger_id}: could not fence enough bookies to recover, "
+                    f"credentials refused ({'; '.join(errors)}); the ledger stays in recovery")
             raise BookieUnavailableError(
                 f"ledger {md.ledger_id}: could not fence enough bookies to recover "
                 f"({'; '.join(errors) or 'no answers'}); the ledger stays in recovery, "
@@ -181,6 +188,7 @@ class LedgerRecoveryOp:
                                             ReadFlag.FENCE, self._master_key), timeout_s)] = pos
         missing = 0
         errors: list[str] = []
+        refused = False
         try:
             while inflight:
                 for pos, r in await next_answers(inflight):
@@ -191,6 +199,7 @@ class LedgerRecoveryOp:
                             r = exc
                     if isinstance(r, BKError):
                         errors.append(f"{ensemble[pos]}: {r}")
+                        refused |= isinstance(r, UnauthorizedAccessError)
                         continue
                     if r.status == Status.OK:
                         try:
@@ -208,6 +217,10 @@ class LedgerRecoveryOp:
         finally:
             for fut in inflight:
                 fut.cancel()
+        if refused:
+            raise UnauthorizedAccessError(
+                f"ledger {md.ledger_id}: cannot tell whether entry {entry_id} exists, "
+                f"credentials refused ({'; '.join(errors)}); the ledger stays in recovery")
         raise BookieUnavailableError(
             f"ledger {md.ledger_id}: cannot tell whether entry {entry_id} exists "
             f"({'; '.join(errors)}); the ledger stays in recovery, retry later")

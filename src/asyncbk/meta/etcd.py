@@ -21,6 +21,7 @@ that survive failures) are :class:`~asyncbk.meta.etcd_client.EtcdClient`'s.
 
 from __future__ import annotations
 
+import random
 import ssl
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Sequence
@@ -87,7 +88,8 @@ class EtcdMetadataStore:
 
     Prefer :meth:`connect`, which also checks that etcd answers.  The
     constructor does no I/O; its clients (one aiohttp session per endpoint)
-    are opened on first use, inside the running loop.
+    are opened on first use, inside the running loop.  ``rng`` jitters the
+    watch's back-off (a seeded one replays it; None: a process-wide one).
     """
 
     def __init__(
@@ -101,11 +103,12 @@ class EtcdMetadataStore:
         ssl_context: ssl.SSLContext | None = None,
         user: str | None = None,
         password: str | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.root = keys.normalize_root(root)
         self._etcd = EtcdClient(endpoints, self.root, timeout_s,
                                 watch_backoff_s_max=watch_backoff_s_max,
-                                ssl_context=ssl_context, user=user, password=password)
+                                ssl_context=ssl_context, user=user, password=password, rng=rng)
         self._clock = clock
         """Wall-clock source of the times this store writes (under-replication marks)."""
 
@@ -121,13 +124,15 @@ class EtcdMetadataStore:
         ssl_context: ssl.SSLContext | None = None,
         user: str | None = None,
         password: str | None = None,
+        rng: random.Random | None = None,
     ) -> EtcdMetadataStore:
         """A store whose etcd answered: ``/version`` (>= 3.4) on some endpoint,
         then (as ``user``, when given) a read of the instance id key.  Raises
         MetadataError ("cannot reach etcd at ...: is etcd running?") if no
         endpoint answers, or saying what etcd refused (TLS, user, permission)."""
         store = cls(endpoints, root, timeout_s, watch_backoff_s_max=watch_backoff_s_max,
-                    clock=clock, ssl_context=ssl_context, user=user, password=password)
+                    clock=clock, ssl_context=ssl_context, user=user, password=password,
+                    rng=rng)
         try:
             await store._etcd.probe()
         except BaseException:

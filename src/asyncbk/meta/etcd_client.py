@@ -18,9 +18,11 @@ watching again.
 
 etcd3-py's constructor probes the server version with a *blocking*
 ``requests.get`` and, failing that, assumes etcd 3.3 and its ``/v3beta``
-gateway prefix, which etcd 3.5 no longer serves.  :func:`new_client` skips
-that probe; :meth:`EtcdClient.probe` asks ``/version`` asynchronously
-instead and requires etcd >= 3.4 (the ``/v3`` prefix).
+gateway prefix, which etcd 3.5 no longer serves.
+:func:`~asyncbk.meta.etcd3_adapter.new_client` skips that probe (the adapter
+holds every etcd3-py internal asyncbk uses); :meth:`EtcdClient.probe` asks
+``/version`` asynchronously instead and requires etcd >= 3.4 (the ``/v3``
+prefix).
 """
 
 from __future__ import annotations
@@ -34,9 +36,6 @@ from contextlib import aclosing
 from typing import Any, TypeVar
 
 import aiohttp
-from etcd3 import AioClient
-from etcd3.baseclient import BaseClient
-from etcd3.baseclient import sem as _semver
 from etcd3.errors import (
     ErrAuthFailed,
     ErrAuthNotEnabled,
@@ -44,13 +43,14 @@ from etcd3.errors import (
     ErrPermissionDenied,
     ErrUserEmpty,
     Etcd3Exception,
-    get_client_error,
 )
 
+from ..backoff import Backoff
 from ..errors import BKError, MetadataError
 from ..errors import TimeoutError as BKTimeoutError
 from ..log import get_logger
 from . import keys
+from .etcd3_adapter import new_client, rpc_url
 from .etcd_stream import stream_json
 
 T = TypeVar("T")
@@ -60,12 +60,11 @@ _log = get_logger(component="meta.etcd")
 ENDPOINT_DEFAULT: tuple[str, int] = ("127.0.0.1", 2379)
 TIMEOUT_S_DEFAULT = 10.0
 ETCD_VERSION_MIN = (3, 4)
-_ASSUMED_SERVER_VERSION = "3.5.0"
-"""What etcd3-py is told the server is: any >= 3.4 selects the ``/v3`` prefix
-and the newest request schema it ships (3.3's, a subset of 3.4/3.5's)."""
-
 WATCH_BACKOFF_S_INITIAL = 0.1
 WATCH_BACKOFF_S_MAX = 5.0
+WATCH_BACKOFF_JITTER = 0.5
+"""Each watch back-off is drawn from [1 - this, 1] of its delay, so that many watchers
+losing etcd at once do not come back in lockstep."""
 
 # Failures where the request certainly never reached etcd: always safe to retry.
 _NOT_SENT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,) + (
@@ -74,70 +73,12 @@ _NOT_SENT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorErro
 _GRPC_UNAVAILABLE = 14
 
 
-class _AioClient(AioClient):
-    """etcd3-py's AioClient without the blocking version probe in its constructor,
-    and with TLS from a context of ours.
-
-    etcd3-py builds its own context, and only when given a client certificate:
-    without hostname checking, and with no way to trust a CA without presenting
-    a certificate.  So its constructor is skipped (``BaseClient``'s runs) and the
-    session is made here, on ``ssl_context`` (or plain HTTP without one)."""
-
-    def __init__(self, host: str, port: int, timeout: aiohttp.ClientTimeout,
-                 ssl_context: ssl.SSLContext | None) -> None:
-        BaseClient.__init__(
-            self, host=host, port=port, protocol="https" if ssl_context else "http",
-            timeout=timeout, server_version=_ASSUMED_SERVER_VERSION,
-            cluster_version=_ASSUMED_SERVER_VERSION)
-        self.ssl_context = ssl_context
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=_POOL_SIZE,
-                                           ssl=ssl_context if ssl_context else False))
-
-    def _retrieve_version(self) -> None:
-        self.server_version_sem = _semver.Version(self.server_version)
-        self.cluster_version_sem = _semver.Version(self.cluster_version)
-
-    def __repr__(self) -> str:  # etcd3-py keeps the password on the client
-        return f"<etcd client {self.host}:{self.port}>"
-
-    @staticmethod
-    async def _raise_for_status(resp: aiohttp.ClientResponse) -> None:
-        """etcd3-py's, but an answer that is not JSON (etcd's gateway says some
-        refusals in plain text) becomes an etcd error holding that text, instead of
-        an AttributeError from etcd3-py reading a private aiohttp field."""
-        if resp.status < 400:
-            return
-        try:
-            data = await resp.json(content_type=None)
-        except (ValueError, aiohttp.ClientError):
-            data = None
-        if isinstance(data, dict):
-            error, code = data.get("error") or data.get("message") or "", data.get("code", 2)
-        else:
-            error, code = (await resp.text(errors="replace")).strip()[:300] or resp.reason, 2
-        raise get_client_error(error, code, resp.status, resp)
-
-
-_POOL_SIZE = 30
-
-
 def _refusal_hint(exc: BaseException) -> str:
     if "CommonName" in str(exc):
         return (" (with authentication on, etcd's JSON gateway, which asyncbk uses, refuses "
                 "client certificates that have a common name: issue the certificate asyncbk "
                 "presents to etcd without a CN, its names in subjectAltName only)")
     return ""
-
-
-def new_client(host: str, port: int, connect_timeout_s: float = TIMEOUT_S_DEFAULT,
-               ssl_context: ssl.SSLContext | None = None) -> Any:
-    """An etcd3-py ``AioClient`` for etcd >= 3.4 at ``host:port`` (HTTPS with
-    ``ssl_context``), made without the blocking version probe of etcd3-py's
-    constructor.  Call it inside the running loop (it opens an aiohttp session);
-    ``await client.close()`` it."""
-    return _AioClient(host, port, aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
-                      ssl_context)
 
 
 def etcd_key(key: str) -> bytes:
@@ -151,24 +92,6 @@ def etcd_prefix_end(prefix: str) -> bytes:
 
 def _is_unavailable(exc: Etcd3Exception) -> bool:
     return getattr(exc, "code", None) == _GRPC_UNAVAILABLE or getattr(exc, "status", None) == 503
-
-
-class _Backoff:
-    """Capped exponential back-off with jitter (so that many watchers losing
-    etcd at once do not come back in lockstep)."""
-
-    def __init__(self, initial_s: float, max_s: float) -> None:
-        self._initial_s = initial_s
-        self._max_s = max_s
-        self._failures = 0
-
-    def reset(self) -> None:
-        self._failures = 0
-
-    def next_delay_s(self) -> float:
-        base = min(self._max_s, self._initial_s * (2 ** min(self._failures, 30)))
-        self._failures += 1
-        return base * random.uniform(0.5, 1.0)
 
 
 class EtcdClient:
@@ -190,6 +113,7 @@ class EtcdClient:
         ssl_context: ssl.SSLContext | None = None,
         user: str | None = None,
         password: str | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         if (user is None) != (password is None):
             raise ValueError("etcd authentication needs both a user name and a password")
@@ -202,6 +126,8 @@ class EtcdClient:
         self.endpoints: list[tuple[str, int]] = [(str(h), int(p)) for h, p in endpoints]
         self.timeout_s = float(timeout_s)
         self._watch_backoff_s_max = watch_backoff_s_max
+        self._rng = rng
+        """The watch back-off's jitter (None: a process-wide generator)."""
         self._ssl_context = ssl_context
         self.user = user
         """The etcd user this client authenticates as (None: etcd without auth)."""
@@ -359,7 +285,8 @@ class EtcdClient:
             endpoint = self._endpoint_text(index)
             try:
                 async with asyncio.timeout(per_endpoint_s):
-                    async with client.session.get(client._url("/version", prefix=False)) as resp:
+                    async with client.session.get(rpc_url(client, "/version",
+                                                          prefix=False)) as resp:
                         resp.raise_for_status()
                         info = await resp.json(content_type=None)
             except (aiohttp.ClientError, builtins.TimeoutError, ValueError) as exc:
@@ -425,7 +352,8 @@ class EtcdClient:
         (etcd sends nothing on an idle watch); it recovers once the
         connection actually breaks.
         """
-        backoff = _Backoff(WATCH_BACKOFF_S_INITIAL, self._watch_backoff_s_max)
+        backoff = Backoff(min(WATCH_BACKOFF_S_INITIAL, self._watch_backoff_s_max),
+                          self._watch_backoff_s_max, jitter=WATCH_BACKOFF_JITTER, rng=self._rng)
         while not self._closed:
             stream_index: int | None = None
             try:
@@ -476,7 +404,7 @@ class EtcdClient:
                 if stream_index is not None:
                     self._forget_token(stream_index, exc)
                 _log.warning(f"{what} failed; re-listing", root=self.root, error=repr(exc))
-            await self._sleep_unless_closed(backoff.next_delay_s())
+            await self._sleep_unless_closed(backoff.next_s())
 
     async def _next_unless_closed(
         self, stream: AsyncIterator[dict[str, Any]]

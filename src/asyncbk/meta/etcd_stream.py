@@ -15,7 +15,8 @@ Rather than pin aiohttp below 3.10 (which would fight every other library in
 an application), we drive the gateway's streaming endpoints ourselves, over
 the very same ``aiohttp.ClientSession`` etcd3-py opened, reusing its request
 encoder (base64 for ``bytes`` fields) and response decoder (``int`` for
-int64 fields, ``bytes`` for byte fields).  Nothing here depends on aiohttp
+int64 fields, ``bytes`` for byte fields), through
+:mod:`asyncbk.meta.etcd3_adapter`.  Nothing here depends on aiohttp
 internals: only ``ClientSession.post``, ``ClientResponse.status`` and
 ``StreamReader.iter_any``, which behave the same on every aiohttp >= 3.9.
 
@@ -51,6 +52,7 @@ import aiohttp
 
 from ..errors import MetadataError
 from ..errors import TimeoutError as BKTimeoutError
+from .etcd3_adapter import decode_rpc_response, encode_rpc_request, rpc_url
 
 STREAM_BUFFER_BYTES_MAX = 64 * 1024 * 1024
 """Largest undecoded tail we accept before declaring the stream garbage: a
@@ -134,13 +136,13 @@ async def stream_json(
     undecodable stream; transport failures propagate as ``aiohttp.ClientError``.
     The iteration simply ends when the server closes the stream.
     """
-    body = client._encodeRPCRequest(method, data)
+    body = encode_rpc_request(client, method, data)
     headers: dict[str, str] = {}
     if getattr(client, "token", None):
         headers["authorization"] = client.token
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=None)
     async with client.session.post(
-        client._url(method), json=body, headers=headers, timeout=timeout
+        rpc_url(client, method), json=body, headers=headers, timeout=timeout
     ) as resp:
         await _raise_for_http_status(resp, method)
         decoder = json.JSONDecoder()
@@ -170,7 +172,7 @@ def _unwrap(client: Any, method: str, obj: Any) -> dict[str, Any]:
     if not isinstance(result, dict):
         raise MetadataError(f"etcd {method} stream sent an object without result: {str(obj)[:200]}")
     try:
-        decoded = client._decodeRPCResponseData(method, obj)
+        decoded = decode_rpc_response(client, method, obj)
     except Exception as exc:
         raise MetadataError(f"etcd {method} stream sent an undecodable result: {exc}") from exc
     value = decoded.get("result") if isinstance(decoded, dict) else None

@@ -6,13 +6,24 @@ encoded into the channel's output buffer and the buffer goes to the socket in
 one ``transport.write`` per loop turn, whatever the number of requests.  The
 response (or the error that replaced it) is handed to ``callback`` exactly
 once.  Many requests are in flight at once, matched to responses by request id.
+A ledger handle's adds come as groups, one per ledger and loop turn
+(:mod:`asyncbk.net.adds`), framed as ADD_BATCH requests at the flush.
 
 The channel connects lazily on the first send and reconnects on a later send
-after a loss (with a capped back-off: while backing off, sends fail at once
-with BookieUnavailableError so that quorum logic learns of the failure
-quickly).  When the connection dies, every pending request fails with
-BookieUnavailableError carrying the cause.  Every request has a deadline; a
-sweep fails expired requests with asyncbk's TimeoutError.
+after a loss (with a capped back-off, :class:`~asyncbk.backoff.Backoff`: while
+backing off, sends fail at once with BookieUnavailableError so that quorum logic
+learns of the failure quickly).  When the connection dies, every pending request
+fails with BookieUnavailableError carrying the cause.  Every request has a
+deadline; a sweep fails expired requests with asyncbk's TimeoutError.
+
+A bookie that refuses this client's credentials (its token, its TLS certificate,
+or TLS itself: see :mod:`asyncbk.net.connector`) fails every pending request
+with UnauthorizedAccessError naming the bookie and the cause, and so does every
+send during the back-off that follows: a refusal is not the bookie being
+unavailable, and retrying at once cannot help.  A connection the bookie closes
+before answering anything is such a refusal only if the connector shows it
+(:class:`~asyncbk.net.connector.ExplainsRefusals`); its requests wait for that
+verdict (at most ``connect_timeout_s``).
 """
 
 from __future__ import annotations
@@ -22,10 +33,10 @@ import builtins
 import contextlib
 import itertools
 import socket
-import ssl
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar, cast
 
+from ..backoff import Backoff
 from ..errors import (
     BKError,
     BookieIOError,
@@ -37,8 +48,6 @@ from ..errors import (
 )
 from ..log import get_logger
 from ..proto import (
-    AddBatchResponse,
-    AddResponse,
     AuthRequest,
     FrameDecoder,
     Op,
@@ -51,31 +60,17 @@ from ..proto import (
     encode_add_batch_request,
     encode_request,
 )
-from ..types import BookieId, parse_bookie_id
+from ..types import BookieId
+from .adds import AddGroup, AddSource, GroupCallback
+from .connector import (
+    Connector,
+    ExplainsRefusals,
+    credential_refusal,
+    may_be_silent_refusal,
+    tcp_connector,
+)
 
 Callback = Callable[[Response | BKError], None]
-Connector = Callable[[BookieId, Callable[[], asyncio.Protocol]], Awaitable[Any]]
-"""Opens a connection to a bookie and attaches the protocol made by the factory
-(TCP by default; the simulator and fault proxies plug in their own)."""
-
-
-def tcp_connector(address_map: dict[BookieId, str] | None = None,
-                  ssl_context: ssl.SSLContext | None = None) -> Connector:
-    """Connect over TCP to the bookie id's ``host:port`` (or its entry in ``address_map``,
-    e.g. a fault-injecting proxy in front of it); over TLS with ``ssl_context``, the
-    bookie's certificate checked against the host of its id (unless the context turns
-    hostname checks off)."""
-    overrides = dict(address_map or {})
-
-    async def connect(bookie_id: BookieId, factory: Callable[[], asyncio.Protocol]) -> Any:
-        host, port = parse_bookie_id(overrides.get(bookie_id, bookie_id))
-        if ssl_context is None:
-            return await asyncio.get_running_loop().create_connection(factory, host, port)
-        return await asyncio.get_running_loop().create_connection(
-            factory, host, port, ssl=ssl_context,
-            server_hostname=parse_bookie_id(bookie_id)[0])
-
-    return connect
 
 _SWEEP_INTERVAL_S = 0.05
 
@@ -84,44 +79,16 @@ ADD_BATCH_BYTES_MAX = 2 * 1024 * 1024
 """Adds of one loop turn to one ledger go out as ADD_BATCH frames of at most this many
 entries and bytes of bodies (and never more than half the frame limit)."""
 
-ADD_OK = AddResponse(0, Status.OK, 0, 0)
-"""What an add's callback gets for an OK entry of a batch answer (only its type and
-status are read)."""
+RECONNECT_BACKOFF_S_INITIAL = 0.05
+"""The first reconnect back-off (doubling up to ``reconnect_backoff_s_max``)."""
 
+class _QueuedGroup(NamedTuple):
+    """A group waiting in the channel to be framed."""
 
-class _GroupCallback:
-    """Hands the answer to an ADD_BATCH of a group (:meth:`BookieChannel.send_adds`) to
-    its target: ``target.acked(entry_ids)`` when every entry is OK (one call), else
-    ``target.answered(entry_id, AddResponse or error)`` for each."""
-
-    __slots__ = ("entry_ids", "ledger_id", "target")
-
-    def __init__(self, target: Any, ledger_id: int, entry_ids: list[int]) -> None:
-        self.target = target
-        self.ledger_id = ledger_id
-        self.entry_ids = entry_ids
-
-    def __call__(self, result: Response | BKError) -> None:
-        target, entry_ids = self.target, self.entry_ids
-        if isinstance(result, AddResponse) and len(entry_ids) == 1:  # a group of one: an ADD
-            if result.status == Status.OK:
-                target.acked(entry_ids)
-            else:
-                target.answered(entry_ids[0], result)
-            return
-        if isinstance(result, AddBatchResponse) and len(result.statuses) == len(entry_ids):
-            if not any(result.statuses):
-                target.acked(entry_ids)
-                return
-            ledger_id = self.ledger_id
-            for entry_id, status in zip(entry_ids, result.statuses, strict=True):
-                target.answered(entry_id, ADD_OK if status == 0
-                                else AddResponse(0, status, ledger_id, entry_id))
-            return
-        error = result if isinstance(result, BKError) else BookieUnavailableError(
-            f"malformed answer to a batch of adds: {type(result).__name__}")
-        for entry_id in entry_ids:
-            target.answered(entry_id, error)
+    group: AddGroup
+    deadline_s: float
+    nbytes: int
+    """Bytes of its bodies (counted in the channel's unsent bytes)."""
 
 
 class _Pending:
@@ -153,10 +120,14 @@ class BookieChannel(asyncio.Protocol):
         self._token = token
         self._write_buffer_bytes_max = write_buffer_bytes_max
         self._connector = connector or tcp_connector()
+        self._explainer = self._connector if isinstance(self._connector, ExplainsRefusals) \
+            else None
+        """Tells a bookie's silent refusal from its absence (None: the connector cannot)."""
         self._frame_bytes_max = frame_bytes_max
         self._requests_max = requests_max
         self._connect_timeout_s = connect_timeout_s
-        self._backoff_s_max = reconnect_backoff_s_max
+        self._backoff = Backoff(min(RECONNECT_BACKOFF_S_INITIAL, reconnect_backoff_s_max),
+                                reconnect_backoff_s_max)
         self._log = get_logger(bookie_id=bookie_id)
         self._loop = asyncio.get_running_loop()
         self._request_ids = itertools.count(1)
@@ -166,21 +137,28 @@ class BookieChannel(asyncio.Protocol):
         """Bytes in ``_unsent`` and ``_groups`` (bodies), not yet handed to the socket."""
         self._paused = False
         """The transport asked us to stop writing (its buffer is over its high mark)."""
-        self._groups: list[tuple[Any, ...]] = []
+        self._groups: list[_QueuedGroup] = []
         """Groups of adds of this loop turn (:meth:`send_adds`), framed at the flush."""
-        self._sources: list[Any] = []
+        self._sources: list[AddSource] = []
         """Senders with adds for this bookie (:meth:`add_source`), asked at the flush."""
         self._flush_scheduled = False
         self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(frame_bytes_max)
         self._connect_task: asyncio.Task[None] | None = None
         self._sweep_handle: asyncio.TimerHandle | None = None
-        self._backoff_s = 0.0
         self._retry_at_s = 0.0
         self._last_error: BaseException | None = None
+        """Why the last connection failed or ended; an UnauthorizedAccessError when the
+        bookie refused this client (then sends in the back-off fail with it)."""
         self._closed = False
         self._answered = False
         """Whether the bookie sent anything on the current connection."""
+        self._unanswered: dict[int, _Pending] = {}
+        """Requests of a connection the bookie closed before answering anything, while
+        the connector is asked whether that was a refusal (failed with its verdict)."""
+        self._verdict: asyncio.Future[UnauthorizedAccessError | None] | None = None
+        """Whether the bookie refused this client, for the last connection it closed
+        before answering anything (None: no such connection since the last one made)."""
 
     # ------------------------------------------------------------ public API
 
@@ -226,6 +204,8 @@ class BookieChannel(asyncio.Protocol):
         if self._transport is None and self._connect_task is None:
             now = self._loop.time()
             if now < self._retry_at_s:
+                if isinstance(self._last_error, UnauthorizedAccessError):
+                    return UnauthorizedAccessError(str(self._last_error))
                 return BookieUnavailableError(
                     f"bookie {self.bookie_id} is unreachable ({self._last_error}); "
                     f"retrying in {self._retry_at_s - now:.2f}s")
@@ -252,43 +232,48 @@ class BookieChannel(asyncio.Protocol):
         self._unsent_bytes += sum(len(piece) for piece in frame)
         self._queued()
 
-    def send_adds(self, ledger_id: int, master_key: bytes, flags: int, lac: int,
-                  entry_ids: list[int], bodies: list[bytes], target: Any,
-                  timeout_s: float) -> None:
-        """Queue adds of one ledger as a group, framed as ADD_BATCH requests at the flush
-        (one per ``ADD_BATCH_ENTRIES_MAX`` entries or bytes).  ``target`` gets the
+    def send_adds(self, group: AddGroup) -> None:
+        """Queue ``group`` (adds of one ledger), framed as ADD_BATCH requests at the flush
+        (one per ``ADD_BATCH_ENTRIES_MAX`` entries or bytes).  Its target gets the
         answers: ``target.acked(entry_ids)`` for a batch all OK, else
         ``target.answered(entry_id, AddResponse or error)`` for each entry (also for a
         refusal, a timeout or a lost connection, possibly before this returns)."""
         refused = self._refusal()
         if refused is not None:
-            _GroupCallback(target, ledger_id, entry_ids)(refused)
+            GroupCallback(group.target, group.ledger_id, group.entry_ids)(refused)
             return
-        nbytes = sum(map(len, bodies))
-        self._groups.append((ledger_id, master_key, flags, lac, entry_ids, bodies, target,
-                             self._loop.time() + timeout_s, nbytes))
+        nbytes = sum(map(len, group.bodies))
+        self._groups.append(_QueuedGroup(group, self._loop.time() + group.timeout_s, nbytes))
         self._unsent_bytes += nbytes
         self._queued()
 
-    def add_source(self, source: Any) -> None:
+    def add_source(self, source: AddSource) -> None:
         """``source.take(bookie_id)`` will be called at this loop turn's flush (or at
-        the deadline sweep, or a failure, whichever comes first) and returns groups of
-        adds for this bookie: ``(ledger_id, master_key, flags, lac, entry_ids, bodies,
-        target, timeout_s)`` tuples, queued then as by :meth:`send_adds`.  A sender
-        that queues many entries in a turn registers once and hands them over together."""
+        the deadline sweep, or a failure, whichever comes first) and returns the groups
+        of adds for this bookie, queued then as by :meth:`send_adds`.  A sender that
+        queues many entries in a turn registers once and hands them over together."""
         self._sources.append(source)
         if self._transport is None and self._refusal() is not None:
             self._pull_sources()  # refused (closed, backing off): the targets learn it now
             return
         self._queued()
 
-    def _pull_sources(self) -> None:
+    def _pull_sources(self, frame: bool = False) -> None:
+        """Take the registered sources' groups: framed at once with ``frame`` (the flush,
+        connected: no queueing), else queued as by :meth:`send_adds`."""
         sources, self._sources = self._sources, []
         for source in sources:
-            for ledger_id, master_key, flags, lac, entry_ids, bodies, target, timeout_s \
-                    in source.take(self.bookie_id):
-                self.send_adds(ledger_id, master_key, flags, lac, entry_ids, bodies, target,
-                               timeout_s)
+            for group in source.take(self.bookie_id):
+                if not frame:
+                    self.send_adds(group)
+                    continue
+                refused = self._refusal()
+                if refused is not None:
+                    GroupCallback(group.target, group.ledger_id, group.entry_ids)(refused)
+                    continue
+                nbytes = sum(map(len, group.bodies))
+                self._unsent_bytes += nbytes
+                self._frame_group(group, self._loop.time() + group.timeout_s, nbytes)
 
     def request(self, request: Request, timeout_s: float) -> asyncio.Future[Response]:
         """``send`` with a future: resolves to the response or raises the error."""
@@ -308,10 +293,33 @@ class BookieChannel(asyncio.Protocol):
             fut.add_done_callback(lambda f: self.cancel(rid) if f.cancelled() else None)
         return fut
 
+    @property
+    def judging(self) -> bool:
+        """Whether the bookie closed a connection before answering anything and the
+        connector is being asked whether that was a refusal of this client
+        (:meth:`verdict`; at most ``connect_timeout_s``)."""
+        return self._verdict is not None and not self._verdict.done()
+
+    async def verdict(self) -> UnauthorizedAccessError | None:
+        """The error of the bookie's refusal of this client, if it refused it: the
+        verdict on the last connection it closed before answering anything (waited
+        for while :attr:`judging`), or a refusal whose back-off is under way; None
+        when it did not refuse."""
+        verdict = self._verdict
+        if verdict is not None:
+            if not verdict.done():
+                await asyncio.shield(verdict)
+            if verdict.result() is not None:
+                return verdict.result()
+        if isinstance(self._last_error, UnauthorizedAccessError) \
+                and self._loop.time() < self._retry_at_s:
+            return self._last_error
+        return None
+
     def reset_backoff(self) -> None:
         """Forget the reconnect back-off (the bookie is known to be back): the next
         send connects at once."""
-        self._backoff_s = 0.0
+        self._backoff.reset()
         self._retry_at_s = 0.0
 
     @property
@@ -341,21 +349,55 @@ class BookieChannel(asyncio.Protocol):
 
     async def _connect(self) -> None:
         try:
-            async with asyncio.timeout(self._connect_timeout_s):
-                await self._connector(self.bookie_id, lambda: self)
-        except asyncio.CancelledError:
+            try:
+                async with asyncio.timeout(self._connect_timeout_s):
+                    await self._connector(self.bookie_id, lambda: self)
+                return
+            except (OSError, builtins.TimeoutError) as exc:
+                error = exc
+            refused = credential_refusal(error)
+            if refused is None and may_be_silent_refusal(error):
+                refused = await self._explain_silence()
+        finally:
             self._connect_task = None
-            raise
-        except (OSError, builtins.TimeoutError) as exc:
-            self._connect_task = None
-            self._last_error = exc
-            self._backoff_s = min(self._backoff_s_max, max(0.05, self._backoff_s * 2))
-            self._retry_at_s = self._loop.time() + self._backoff_s
-            self._log.debug("bookie connect failed", error=str(exc), backoff_s=self._backoff_s)
-            self._fail_all(BookieUnavailableError(
-                f"cannot connect to bookie {self.bookie_id}: {exc or type(exc).__name__}"))
+        if refused is not None:
+            self._fail_all(self._refused_by_bookie(refused))
             return
-        self._connect_task = None
+        self._last_error = error
+        backoff_s = self._backoff.next_s()
+        self._retry_at_s = self._loop.time() + backoff_s
+        self._log.debug("bookie connect failed", error=str(error), backoff_s=backoff_s)
+        self._fail_all(BookieUnavailableError(
+            f"cannot connect to bookie {self.bookie_id}: {error or type(error).__name__}"))
+
+    async def _explain_silence(self) -> str | None:
+        """Whether the bookie, which ended a connection (or its TLS handshake) before
+        answering anything, refused this client's credentials: the connector's
+        verdict, None when it has none.  CancelledError propagates."""
+        if self._explainer is None:
+            return None
+        try:
+            return await self._explainer.explain_refusal(self.bookie_id,
+                                                         self._connect_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a verdict we could not reach: not a refusal
+            self._log.warning("could not tell why the bookie closed the connection",
+                              error=repr(exc))
+            return None
+
+    def _refused_by_bookie(self, reason: str) -> UnauthorizedAccessError:
+        """The bookie refused this client's credentials (or this client the bookie's
+        certificate), ``reason`` saying how and what to check: the error for every request
+        pending now and for sends until the back-off ends (the bookie is not marked
+        unavailable; its other clients are not concerned)."""
+        error = UnauthorizedAccessError(f"bookie {self.bookie_id}: {reason}")
+        self._last_error = error
+        backoff_s = self._backoff.next_s()
+        self._retry_at_s = self._loop.time() + backoff_s
+        self._log.warning("bookie refused this client's credentials", reason=reason,
+                          retry_s=round(backoff_s, 3))
+        return error
 
     # ------------------------------------------------------------ asyncio.Protocol
 
@@ -366,7 +408,9 @@ class BookieChannel(asyncio.Protocol):
             return
         self._transport = transport
         self._paused = False
-        self._backoff_s = 0.0
+        self._verdict = None
+        if self._token is None:
+            self._backoff.reset()  # (with a token: once the bookie accepts it)
         self._decoder = FrameDecoder(self._frame_bytes_max)
         self._answered = False
         sock = transport.get_extra_info("socket")
@@ -384,12 +428,20 @@ class BookieChannel(asyncio.Protocol):
             self._flush()
 
     def _auth_answered(self, result: Response | BKError) -> None:
-        if isinstance(result, BKError) or result.status == Status.OK:
+        if isinstance(result, BKError):
+            return  # the connection failed first: its loss says why
+        if result.status == Status.OK:
+            self._backoff.reset()
             return
-        self._last_error = UnauthorizedAccessError(
-            f"bookie {self.bookie_id} refused this client's token: check the token the "
-            "client was given against the bookie's --auth-tokens-file")
-        self._log.warning("bookie refused the client's token")
+        # The bookie closes the connection now, dropping what was sent behind the AUTH.
+        error = self._refused_by_bookie(
+            "it refused this client's token: check the token the client was given "
+            "against the bookie's --auth-tokens-file")
+        transport, self._transport = self._transport, None
+        self._unsent.clear()
+        if transport is not None:
+            transport.abort()
+        self._fail_all(error)
 
     def data_received(self, data: bytes) -> None:
         self._answered = True
@@ -427,7 +479,44 @@ class BookieChannel(asyncio.Protocol):
         self._transport = None
         self._paused = False
         self._unsent.clear()
-        self._unsent_bytes = sum(group[8] for group in self._groups)
+        self._unsent_bytes = sum(queued.nbytes for queued in self._groups)
+        if not self._closed:
+            refused = credential_refusal(exc)
+            if refused is not None:
+                self._fail_all(self._refused_by_bookie(refused))
+                return
+            if not self._answered and self._explainer is not None \
+                    and self._connect_task is None \
+                    and (exc is None or may_be_silent_refusal(exc)):
+                self._closed_before_answering(self._lost(exc))
+                return
+        self._fail_all(self._lost(exc))
+
+    def _closed_before_answering(self, lost: BookieUnavailableError) -> None:
+        """A refused TLS handshake looks like this, so the connector is asked
+        (:meth:`judging`, :meth:`verdict`).  Adds fail now with ``lost``, as on any lost
+        connection: a writer must not go on completing entries without this bookie,
+        and it asks the verdict before replacing it.  Other requests wait for the
+        verdict; what comes meanwhile queues (and gets the verdict's error)."""
+        self._verdict = self._loop.create_future()
+        adds = [entry for entry in self._pending.values()
+                if isinstance(entry.callback, GroupCallback)]
+        self._unanswered = {rid: entry for rid, entry in self._pending.items()
+                            if not isinstance(entry.callback, GroupCallback)}
+        self._pending = {}
+        self._connect_task = self._loop.create_task(self._closed_silently(lost))
+        groups, self._groups = self._groups, []
+        self._unsent_bytes = 0
+        for queued in groups:
+            group = queued.group
+            GroupCallback(group.target, group.ledger_id, group.entry_ids)(lost)
+        if self._sources:
+            self._closed_for_sources(lost)
+        for entry in adds:
+            entry.callback(lost)
+
+    def _lost(self, exc: Exception | None) -> BookieUnavailableError:
+        """The error of the requests of a connection that ended (with ``exc``)."""
         reason = exc or self._last_error or (
             "closed by peer" if self._answered else
             "closed by the bookie before any answer (if it serves TLS, connect with ssl=...; "
@@ -435,57 +524,80 @@ class BookieChannel(asyncio.Protocol):
         if not self._closed:
             self._log.info("connection to bookie lost", reason=str(reason))
         self._last_error = exc or self._last_error
-        self._fail_all(BookieUnavailableError(
-            f"connection to bookie {self.bookie_id} lost: {reason}"))
+        return BookieUnavailableError(f"connection to bookie {self.bookie_id} lost: {reason}")
+
+    async def _closed_silently(self, lost: BookieUnavailableError) -> None:
+        """The connector's verdict on a connection the bookie closed before answering
+        anything: fail what waits with UnauthorizedAccessError if the bookie refused
+        this client, else with ``lost``.  (If the channel closes meanwhile,
+        :meth:`close` fails them.)"""
+        verdict = self._verdict
+        refusal: UnauthorizedAccessError | None = None
+        try:
+            reason = await self._explain_silence()
+            if reason is not None:
+                refusal = self._refused_by_bookie(reason)
+        finally:
+            self._connect_task = None
+            if verdict is not None and not verdict.done():
+                verdict.set_result(refusal)
+        self._fail_all(refusal if refusal is not None else lost)
 
     # ------------------------------------------------------------ internals
 
     def _frame_adds(self) -> None:
         """Turn the queued groups of adds into frames (in ``_unsent``) and pending
-        requests: each group as ADD_BATCH requests of at most ``ADD_BATCH_ENTRIES_MAX``
-        entries and ``bytes_max`` of bodies (an entry near the frame limit goes on its
-        own, or the batch's frame would pass the bookie's limit); a lone entry as an
-        ADD, cheaper to frame and to answer than a batch of one."""
+        requests (:meth:`_frame_group`)."""
+        queued, self._groups = self._groups, []
+        for group, deadline_s, nbytes in queued:
+            self._frame_group(group, deadline_s, nbytes)
+
+    def _frame_group(self, group: AddGroup, deadline_s: float, nbytes: int) -> None:
+        """``group`` (whose bodies are ``nbytes``, counted in the unsent bytes already) as
+        frames in ``_unsent`` and pending requests: ADD_BATCH requests of at most
+        ``ADD_BATCH_ENTRIES_MAX`` entries and ``bytes_max`` of bodies (an entry near the
+        frame limit goes on its own, or the batch's frame would pass the bookie's
+        limit); a lone entry as an ADD, cheaper to frame and to answer than a batch of
+        one."""
+        ledger_id, master_key, flags, lac, entry_ids, bodies, target, _ = group
         pending = self._pending
         out = self._unsent
+        count = len(entry_ids)
         bytes_max = min(ADD_BATCH_BYTES_MAX, self._frame_bytes_max // 2)
-        queued, self._groups = self._groups, []
-        for ledger_id, master_key, flags, lac, entry_ids, bodies, target, deadline, nbytes \
-                in queued:
-            count = len(entry_ids)
-            if count <= ADD_BATCH_ENTRIES_MAX and nbytes <= bytes_max:  # (the usual case)
-                parts = [(entry_ids, bodies)]
+        if count <= ADD_BATCH_ENTRIES_MAX and nbytes <= bytes_max:  # (the usual case)
+            parts = [(entry_ids, bodies)]
+        else:
+            parts = []
+            i = 0
+            while i < count:
+                j = i + 1
+                size = len(bodies[i])
+                while j < count and j - i < ADD_BATCH_ENTRIES_MAX \
+                        and size + len(bodies[j]) <= bytes_max:
+                    size += len(bodies[j])
+                    j += 1
+                parts.append((entry_ids[i:j], bodies[i:j]))
+                i = j
+        for ids, part in parts:
+            rid = next(self._request_ids)
+            if len(ids) == 1:
+                out.extend(add_request_frame(rid, add_request_tail(
+                    ledger_id, ids[0], master_key, flags, lac, part[0])))
+                pending[rid] = _Pending(GroupCallback(target, ledger_id, ids), deadline_s,
+                                        Op.ADD)
             else:
-                parts = []
-                i = 0
-                while i < count:
-                    j = i + 1
-                    size = len(bodies[i])
-                    while j < count and j - i < ADD_BATCH_ENTRIES_MAX \
-                            and size + len(bodies[j]) <= bytes_max:
-                        size += len(bodies[j])
-                        j += 1
-                    parts.append((entry_ids[i:j], bodies[i:j]))
-                    i = j
-            for ids, part in parts:
-                rid = next(self._request_ids)
-                if len(ids) == 1:
-                    out.extend(add_request_frame(rid, add_request_tail(
-                        ledger_id, ids[0], master_key, flags, lac, part[0])))
-                    pending[rid] = _Pending(_GroupCallback(target, ledger_id, ids), deadline,
-                                            Op.ADD)
-                else:
-                    out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac,
-                                                        ids, part))
-                    pending[rid] = _Pending(_GroupCallback(target, ledger_id, ids), deadline,
-                                            Op.ADD_BATCH)
+                out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac,
+                                                    ids, part))
+                pending[rid] = _Pending(GroupCallback(target, ledger_id, ids), deadline_s,
+                                        Op.ADD_BATCH)
 
     def _flush(self) -> None:
-        if self._sources:  # (while _flush_scheduled holds: no second flush)
-            self._pull_sources()
-        self._flush_scheduled = False
-        if self._groups and self._transport is not None:
+        connected = self._transport is not None
+        if self._groups and connected:
             self._frame_adds()
+        if self._sources:  # (while _flush_scheduled holds: no second flush)
+            self._pull_sources(frame=connected)
+        self._flush_scheduled = False
         if self._transport is None or not self._unsent or self._paused:
             return
         data = b"".join(self._unsent) if len(self._unsent) > 1 else self._unsent[0]
@@ -494,11 +606,16 @@ class BookieChannel(asyncio.Protocol):
         self._transport.write(data)
 
     def _fail_all(self, error: BKError) -> None:
+        if self._unanswered:
+            unanswered, self._unanswered = self._unanswered, {}
+            for entry in unanswered.values():
+                entry.callback(error)
         if self._sources:
             self._closed_for_sources(error)
         groups, self._groups = self._groups, []
-        for group in groups:
-            _GroupCallback(group[6], group[0], group[4])(error)
+        for queued in groups:
+            group = queued.group
+            GroupCallback(group.target, group.ledger_id, group.entry_ids)(error)
         self._unsent_bytes = sum(len(piece) for piece in self._unsent)
         if not self._pending:
             return
@@ -507,13 +624,14 @@ class BookieChannel(asyncio.Protocol):
         self._unsent_bytes = 0
         for entry in pending.values():
             entry.callback(error)
+        pending.clear()  # an answer decoded from the same read as the failure finds none
 
     def _closed_for_sources(self, error: BKError) -> None:
         """Fail what the registered sources hold for this bookie with ``error``."""
         sources, self._sources = self._sources, []
         for source in sources:
-            for ledger_id, _, _, _, entry_ids, _, target, _ in source.take(self.bookie_id):
-                _GroupCallback(target, ledger_id, entry_ids)(error)
+            for group in source.take(self.bookie_id):
+                GroupCallback(group.target, group.ledger_id, group.entry_ids)(error)
 
     def _sweep(self) -> None:
         """Fail every request past its deadline, framed or still queued.  Runs while
@@ -527,17 +645,18 @@ class BookieChannel(asyncio.Protocol):
             return
         now = self._loop.time()
         expired = [rid for rid, p in self._pending.items() if p.deadline_s <= now]
-        late_groups = [group for group in self._groups if group[7] <= now]
+        late_groups = [queued for queued in self._groups if queued.deadline_s <= now]
         if late_groups:
-            self._groups = [group for group in self._groups if group[7] > now]
-            self._unsent_bytes -= sum(group[8] for group in late_groups)
+            self._groups = [queued for queued in self._groups if queued.deadline_s > now]
+            self._unsent_bytes -= sum(queued.nbytes for queued in late_groups)
         self._arm_sweep()  # before the callbacks: one that raises must not stop the watch
         for rid in expired:
             entry = self._pending.pop(rid)
             entry.callback(TimeoutError(f"bookie {self.bookie_id} did not answer in time"))
         unsent = f"not sent: {self._last_error or 'not connected'}"
-        for group in late_groups:
-            _GroupCallback(group[6], group[0], group[4])(TimeoutError(
+        for queued in late_groups:
+            group = queued.group
+            GroupCallback(group.target, group.ledger_id, group.entry_ids)(TimeoutError(
                 f"bookie {self.bookie_id} did not answer in time ({unsent})"))
 
 
@@ -607,6 +726,18 @@ class BookieClient:
             ch = BookieChannel(bookie_id, **self._kw)
             self._channels[bookie_id] = ch
         return ch
+
+    def judging(self, bookie_id: BookieId) -> bool:
+        """Whether the channel to ``bookie_id`` is finding out if the bookie refused this
+        client (:attr:`BookieChannel.judging`)."""
+        ch = self._channels.get(bookie_id)
+        return ch is not None and ch.judging
+
+    async def verdict(self, bookie_id: BookieId) -> UnauthorizedAccessError | None:
+        """Whether ``bookie_id`` refused this client (:meth:`BookieChannel.verdict`;
+        None without a channel)."""
+        ch = self._channels.get(bookie_id)
+        return await ch.verdict() if ch is not None else None
 
     def reset_backoff(self, bookie_id: BookieId) -> None:
         """The bookie is back (registered anew): reconnect at once on the next send."""
