@@ -7,7 +7,8 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncbk.client.quorum import AckSet, stores_entry, write_set
+from asyncbk.client.quorum import stores_entry, write_set
+from asyncbk.client.write_path import AckSet
 
 
 @st.composite

@@ -1,9 +1,10 @@
-"""Pure quorum logic: which bookies hold an entry, and when an add is complete.
+"""Pure quorum logic: which bookies hold an entry.
 
 Round-robin striping: entry ``e`` of a fragment whose ensemble has ``E``
 bookies is written to the ``Qw`` consecutive ensemble positions starting at
-``e mod E``.  An add completes once ``Qa`` of them have acknowledged it (and
-all lower entries have completed: that ordering lives in the ledger handle).
+``e mod E``.  Writes, reads, recovery and placement all follow it.  (When an add
+is complete, once ``Qa`` of them have acknowledged it, is the write path's:
+:class:`~asyncbk.client.write_path.AckSet`.)
 """
 
 from __future__ import annotations
@@ -18,44 +19,3 @@ def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> list[int]
 def stores_entry(position: int, entry_id: int, ensemble_size: int, write_quorum: int) -> bool:
     """Whether ensemble position ``position`` is in the write set of ``entry_id``."""
     return (position - entry_id) % ensemble_size < write_quorum
-
-
-class AckSet:
-    """Acknowledgements of one add, by ensemble position."""
-
-    __slots__ = ("_acked", "_failed", "ack_quorum", "write_quorum")
-
-    def __init__(self, write_quorum: int, ack_quorum: int) -> None:
-        self.write_quorum = write_quorum
-        self.ack_quorum = ack_quorum
-        self._acked = 0  # bitmask of positions
-        self._failed = 0
-
-    def ack(self, position: int) -> bool:
-        """Record an ack; True once the ack quorum is reached."""
-        self._acked |= 1 << position
-        self._failed &= ~(1 << position)
-        return self.complete
-
-    def unack(self, position: int) -> None:
-        """Withdraw an ack: after an ensemble change that position is another bookie,
-        which does not have the entry yet."""
-        self._acked &= ~(1 << position)
-
-    def fail(self, position: int) -> bool:
-        """Record a failure; True if the ack quorum can no longer be reached."""
-        if not self._acked >> position & 1:
-            self._failed |= 1 << position
-        return self.broken
-
-    @property
-    def acked(self) -> int:
-        return self._acked.bit_count()
-
-    @property
-    def complete(self) -> bool:
-        return self._acked.bit_count() >= self.ack_quorum
-
-    @property
-    def broken(self) -> bool:
-        return self.write_quorum - self._failed.bit_count() < self.ack_quorum

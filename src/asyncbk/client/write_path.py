@@ -39,7 +39,49 @@ from typing import NamedTuple
 
 from ..errors import invariant
 from ..types import BookieId
-from .quorum import AckSet, write_set
+from .quorum import write_set
+
+
+class AckSet:
+    """Acknowledgements of one add, by ensemble position: complete once ``Qa`` of
+    its write set acknowledged it (in-order completion is :class:`WritePath`'s)."""
+
+    __slots__ = ("_acked", "_failed", "ack_quorum", "write_quorum")
+
+    def __init__(self, write_quorum: int, ack_quorum: int) -> None:
+        self.write_quorum = write_quorum
+        self.ack_quorum = ack_quorum
+        self._acked = 0  # bitmask of positions
+        self._failed = 0
+
+    def ack(self, position: int) -> bool:
+        """Record an ack; True once the ack quorum is reached."""
+        self._acked |= 1 << position
+        self._failed &= ~(1 << position)
+        return self.complete
+
+    def unack(self, position: int) -> None:
+        """Withdraw an ack: after an ensemble change that position is another bookie,
+        which does not have the entry yet."""
+        self._acked &= ~(1 << position)
+
+    def fail(self, position: int) -> bool:
+        """Record a failure; True if the ack quorum can no longer be reached."""
+        if not self._acked >> position & 1:
+            self._failed |= 1 << position
+        return self.broken
+
+    @property
+    def acked(self) -> int:
+        return self._acked.bit_count()
+
+    @property
+    def complete(self) -> bool:
+        return self._acked.bit_count() >= self.ack_quorum
+
+    @property
+    def broken(self) -> bool:
+        return self.write_quorum - self._failed.bit_count() < self.ack_quorum
 
 
 class Effects(NamedTuple):

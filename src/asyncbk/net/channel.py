@@ -48,6 +48,8 @@ from ..errors import (
 )
 from ..log import get_logger
 from ..proto import (
+    AddBatchResponse,
+    AddResponse,
     AuthRequest,
     FrameDecoder,
     Op,
@@ -61,7 +63,7 @@ from ..proto import (
     encode_request,
 )
 from ..types import BookieId
-from .adds import AddGroup, AddSource, GroupCallback
+from .adds import AddGroup, AddSource, AddTarget
 from .connector import (
     Connector,
     ExplainsRefusals,
@@ -81,6 +83,47 @@ entries and bytes of bodies (and never more than half the frame limit)."""
 
 RECONNECT_BACKOFF_S_INITIAL = 0.05
 """The first reconnect back-off (doubling up to ``reconnect_backoff_s_max``)."""
+
+
+ADD_OK = AddResponse(0, Status.OK, 0, 0)
+"""What an add's callback gets for an OK entry of a batch answer (only its type and
+status are read)."""
+
+
+class GroupCallback:
+    """A channel's callback for one ADD or ADD_BATCH request of a group: hands the
+    answer to the group's target, ``target.acked(entry_ids)`` when every entry is OK
+    (one call), else ``target.answered(entry_id, AddResponse or error)`` for each."""
+
+    __slots__ = ("entry_ids", "ledger_id", "target")
+
+    def __init__(self, target: AddTarget, ledger_id: int, entry_ids: list[int]) -> None:
+        self.target = target
+        self.ledger_id = ledger_id
+        self.entry_ids = entry_ids
+
+    def __call__(self, result: Response | BKError) -> None:
+        target, entry_ids = self.target, self.entry_ids
+        if isinstance(result, AddResponse) and len(entry_ids) == 1:  # a group of one: an ADD
+            if result.status == Status.OK:
+                target.acked(entry_ids)
+            else:
+                target.answered(entry_ids[0], result)
+            return
+        if isinstance(result, AddBatchResponse) and len(result.statuses) == len(entry_ids):
+            if not any(result.statuses):
+                target.acked(entry_ids)
+                return
+            ledger_id = self.ledger_id
+            for entry_id, status in zip(entry_ids, result.statuses, strict=True):
+                target.answered(entry_id, ADD_OK if status == 0
+                                else AddResponse(0, status, ledger_id, entry_id))
+            return
+        error = result if isinstance(result, BKError) else BookieUnavailableError(
+            f"malformed answer to a batch of adds: {type(result).__name__}")
+        for entry_id in entry_ids:
+            target.answered(entry_id, error)
+
 
 class _QueuedGroup(NamedTuple):
     """A group waiting in the channel to be framed."""
