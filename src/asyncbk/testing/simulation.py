@@ -220,13 +220,12 @@ class _Run:
                 await t
 
     async def _refuse_for(self, bookie: SimBookie, span_s: float) -> None:
-        processor = bookie.processor
-        assert processor is not None
-        processor.state = processor.state.UNREGISTERED
+        server = bookie.server
+        bookie.refuse_adds()
 
         def back() -> None:
-            if bookie.processor is processor and bookie.up:
-                processor.state = processor.state.WRITABLE
+            if bookie.server is server:
+                bookie.take_adds()
 
         self.loop.call_later(span_s, back)
 
