@@ -410,6 +410,8 @@ class SimBookie:
         self._on_state_change = on_state_change
         self.server: BookieServer | None = None
         self.up = False
+        self.starting = False
+        """A process of this bookie is starting (:meth:`start` under way)."""
         self.lost = False
         """Gone for good (:meth:`lose`): its disks are no longer counted."""
         self.restarts = 0
@@ -456,8 +458,12 @@ class SimBookie:
     async def start(self) -> None:
         """Start a new process of this bookie (its composition root, every check
         included); raises what the bookie's start raises."""
-        self.server = BookieServer(self.config, context=self.context())
-        await self.server.start()
+        self.starting = True
+        try:
+            self.server = BookieServer(self.config, context=self.context())
+            await self.server.start()
+        finally:
+            self.starting = False
         self.up = True
 
     def stored_entries(self, ledger_id: int) -> set[int]:
@@ -486,6 +492,9 @@ class SimBookie:
             await self.server.abort()
 
     async def restart(self) -> None:
+        """Start it again after a crash or a stop (nothing when it runs or is starting)."""
+        if self.up or self.starting:
+            return
         self.restarts += 1
         await self.start()
 

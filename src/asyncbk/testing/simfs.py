@@ -109,7 +109,8 @@ class SimFileSystem:
         self._fds: dict[int, _Open] = {}
         self._next_fd = 3
         self._file_numbers = 0
-        self._mount: SimMount | None = None
+        self._mounts: list[SimMount] = []
+        """The mounts of the processes running on these disks (a crash kills them all)."""
         self._fsync_failures = 0
         self._full = False
         self._usage: float | None = None
@@ -128,16 +129,17 @@ class SimFileSystem:
 
     def mount(self) -> SimMount:
         """A new :class:`~asyncbk.bookie.fileio.FileIO` on these disks (one process)."""
-        self._mount = SimMount(self)
-        return self._mount
+        mount = SimMount(self)
+        self._mounts.append(mount)
+        return mount
 
     def crash(self, torn: bool) -> None:
         """The machine dies: mounts die, unsynced data and directory changes are lost
         (with ``torn``, some survive: module docstring)."""
         self.crashes += 1
-        if self._mount is not None:
-            self._mount.alive = False
-            self._mount = None
+        for mount in self._mounts:
+            mount.alive = False
+        self._mounts = []
         self._fds.clear()
         self._locked.clear()  # the process that held the directory lock is gone
         rng = self.rng
@@ -188,6 +190,11 @@ class SimFileSystem:
     def heal_directories(self) -> None:
         """No directory fails any more."""
         self._failing = []
+
+    @property
+    def failing_directories(self) -> list[PurePosixPath]:
+        """The directories failing now (:meth:`fail_directory`)."""
+        return list(self._failing)
 
     def failing(self, path: Path | str | PurePosixPath) -> bool:
         """Whether ``path`` is under a failing directory."""
