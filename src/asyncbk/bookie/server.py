@@ -110,7 +110,8 @@ class BookieServer:
         self.registration: Registration | None = None
         self._acceptor: Acceptor | None = None
         self._stopped = asyncio.Event()
-        self._stopping = False
+        self._stop_task: asyncio.Task[None] | None = None
+        """The stop under way (graceful or an abort): one per server."""
         self._disk_task: asyncio.Task[None] | None = None
         self._lock: HeldLock | None = None
         self.http: AdminHttpServer | None = None
@@ -393,39 +394,40 @@ class BookieServer:
         await self._stopped.wait()
 
     async def stop(self) -> None:
-        """Graceful stop (idempotent)."""
-        if self._stopping:
-            await self._stopped.wait()
-            return
-        self._stopping = True
-        self.log.info("bookie stopping")
-        try:
-            self._apply(self.state_machine.drain())
-            if self._acceptor is not None:
-                await self._acceptor.stop_accepting()
-            if self.processor is not None:
-                drained = await self.processor.drain(self.config.drain_timeout_s)
-                if not drained:
-                    self.log.warning("drain timed out; unanswered adds will be retried by clients")
-        finally:
-            await self._close_parts(graceful=True)
-            self._apply(self.state_machine.close())
-            self._stopped.set()
-            self.log.info("bookie stopped")
+        """Graceful stop (idempotent: a second call waits for the first)."""
+        await self._stop_once(graceful=True)
 
     async def abort(self) -> None:
         """Stop as if the process had been killed (the simulator's crash): nothing is
         drained, flushed, checkpointed or revoked (the lease is left to expire), and
-        the directory lock goes with the process.  Idempotent."""
-        if self._stopping:
-            await self._stopped.wait()
-            return
-        self._stopping = True
+        the directory lock goes with the process.  Idempotent (and nothing after a
+        stop)."""
+        await self._stop_once(graceful=False)
+
+    async def _stop_once(self, *, graceful: bool) -> None:
+        if self._stop_task is None:
+            self._stop_task = asyncio.get_running_loop().create_task(
+                self._stop(graceful), name="asyncbk-bookie-stop")
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self, graceful: bool) -> None:
         try:
-            await self._close_parts(graceful=False)
+            if graceful:
+                self.log.info("bookie stopping")
+                self._apply(self.state_machine.drain())
+                if self._acceptor is not None:
+                    await self._acceptor.stop_accepting()
+                if self.processor is not None:
+                    drained = await self.processor.drain(self.config.drain_timeout_s)
+                    if not drained:
+                        self.log.warning("drain timed out; unanswered adds will be retried "
+                                         "by clients")
         finally:
+            await self._close_parts(graceful=graceful)
             self._apply(self.state_machine.close())
             self._stopped.set()
+            if graceful:
+                self.log.info("bookie stopped")
 
     async def _close_parts(self, *, graceful: bool) -> None:
         if self.reloader is not None:
