@@ -49,7 +49,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..bookie.state import BookieState
+from ..bookie.state import BookieState, ReadOnlyReason
 from ..client.client import BookKeeper
 from ..client.ledger import LedgerHandle, ReadHandle
 from ..client.quorum import write_set
@@ -425,7 +425,8 @@ class _Run:
             for b in bookies:
                 b.fs.set_usage(None)
                 b.fs.heal_directories()
-                if b.up and b.server is not None and b.server.state is BookieState.READ_ONLY:
+                if b.up and b.server is not None \
+                        and ReadOnlyReason.MAINTENANCE in b.server.state_machine.reasons:
                     with contextlib.suppress(BKError):
                         await b.server.set_maintenance(False)
                 if not b.up and not b.lost:
