@@ -65,8 +65,7 @@ def test_s19_no_add_completes_while_the_ensemble_change_is_committed() -> None:
         store: BlockableStore = bk.meta
         store.gate = asyncio.Event()
         refuser = c.bookie(lh.metadata.ensembles[0][1][0])
-        assert refuser.processor is not None
-        refuser.processor.state = refuser.processor.state.UNREGISTERED  # answers NOT_READY
+        refuser.refuse_adds()  # answers NOT_READY
         futures = [lh.append(b"e%d" % i) for i in range(10, 30)]  # all sent to all three
         completed_while_gated: list[int] = []
         for f in futures:
@@ -101,11 +100,9 @@ def test_failed_recovery_attempt_leaves_fragments_untouched() -> None:
         ensemble = lh.metadata.ensembles[0][1]
         spares = [b for b in c.bookies if b.id not in ensemble]
         refuser = c.bookie(ensemble[0])
-        assert refuser.processor is not None
-        refuser.processor.state = refuser.processor.state.UNREGISTERED  # refuses re-writes
+        refuser.refuse_adds()  # refuses re-writes
         for spare in spares:  # the replacements accept the fence but then die
-            assert spare.processor is not None
-            spare.processor.state = spare.processor.state.UNREGISTERED
+            spare.refuse_adds()
         rec = c.client("rec", config())
         with pytest.raises(NotEnoughBookiesError):
             await rec.open_ledger(lh.id, password=PW)
@@ -113,8 +110,7 @@ def test_failed_recovery_attempt_leaves_fragments_untouched() -> None:
         assert md.state is LedgerState.IN_RECOVERY
         assert md.ensembles == lh.metadata.ensembles, "no half-done fragment was persisted"
         for b in c.bookies:
-            assert b.processor is not None
-            b.processor.state = b.processor.state.WRITABLE
+            b.take_adds()
         assert await read_all(rec, lh.id) == (11, [b"e%d" % i for i in range(12)])
         await c.stop()
 
@@ -192,8 +188,7 @@ def test_s12_undecidable_entry_fails_recovery_instead_of_closing_short() -> None
         # Entry 10 reaches only two bookies: the third refuses it, and with no spare
         # the writer goes on without it (each write set keeps Qa=2).
         third = c.bookie(lh.metadata.ensembles[0][1][2])
-        assert third.processor is not None
-        third.processor.state = third.processor.state.UNREGISTERED
+        third.refuse_adds()
         assert await lh.append(b"e10") == 10
         await lh.close_quietly()
         silent = [c.bookie(b) for b in lh.metadata.ensembles[0][1][:2]]
@@ -207,7 +202,7 @@ def test_s12_undecidable_entry_fails_recovery_instead_of_closing_short() -> None
                 original(req, conn)
 
             b.processor.handle = drop  # type: ignore[method-assign]
-        third.processor.state = third.processor.state.WRITABLE
+        third.take_adds()
         rec = c.client("rec", config())
         with pytest.raises(BookieUnavailableError, match="cannot tell"):
             await rec.open_ledger(lh.id, password=PW)
@@ -286,16 +281,14 @@ def test_s9_lac_readable_but_rewrite_impossible_never_closes_short() -> None:
         await write(lh, 10)  # bookies know LAC 8 from the piggyback; 9 must be re-written
         await lh.close_quietly()
         for b in c.bookies:
-            assert b.processor is not None
-            b.processor.state = b.processor.state.UNREGISTERED  # adds refused, reads served
+            b.refuse_adds()  # adds refused, reads served
         rec = c.client("rec", config())
         with pytest.raises(NotEnoughBookiesError):
             await rec.open_ledger(lh.id, password=PW)
         md = await rec.ledger_metadata(lh.id)
         assert md.state is LedgerState.IN_RECOVERY, "must not close the ledger short"
         for b in c.bookies:
-            assert b.processor is not None
-            b.processor.state = b.processor.state.WRITABLE
+            b.take_adds()
         assert await read_all(rec, lh.id) == (9, [b"e%d" % i for i in range(10)])
         await c.stop()
 
@@ -472,9 +465,7 @@ def test_s8_recovery_replaces_two_bookies_that_refuse_rewrites() -> None:
         await lh.close_quietly()
         refusing = lh.metadata.ensembles[0][1][:2]
         for bid in refusing:
-            p = c.bookie(bid).processor
-            assert p is not None
-            p.state = p.state.UNREGISTERED  # reads served, adds refused
+            c.bookie(bid).refuse_adds()  # reads served, adds refused
         rh = await c.client("rec", config()).open_ledger(lh.id, password=PW)
         md = rh.metadata
         assert md.last_entry_id == 9

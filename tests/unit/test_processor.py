@@ -11,6 +11,7 @@ import pytest
 import pytest_asyncio
 
 from asyncbk.bookie.processor import BookieState, RequestProcessor
+from asyncbk.bookie.state import StateMachine
 from asyncbk.bookie.storage import LedgerStorage
 from asyncbk.config import BookieConfig
 from asyncbk.proto import (
@@ -70,7 +71,8 @@ async def proc(tmp_path: Path) -> AsyncIterator[RequestProcessor]:
     cfg = BookieConfig(journal_queue_entries_max=64)
     storage = await LedgerStorage.open(tmp_path / "j", tmp_path / "l", cfg)
     p = RequestProcessor(storage, "127.0.0.1:1")
-    p.state = BookieState.WRITABLE
+    p.state_machine.registered(False)
+    assert p.state is BookieState.WRITABLE
     yield p
     await p.close()
     await storage.close()
@@ -117,7 +119,7 @@ async def test_add_batch(proc: RequestProcessor) -> None:
     assert (await c.next()).statuses == [Status.FENCED]
     proc.handle(AddBatchRequest(7, 1, KEY, AddFlag.RECOVERY_ADD, -1, [2], [b"b2"]), c)
     assert (await c.next()).statuses == [Status.OK]  # recovery adds pass the fence
-    proc.state = BookieState.READ_ONLY
+    proc.state_machine.maintenance(True)
     proc.handle(AddBatchRequest(8, 2, KEY, 0, -1, [0, 1], [b"p", b"q"]), c)
     assert (await c.next()).statuses == [Status.READ_ONLY] * 2
     proc.handle(AddBatchRequest(9, 2, KEY, 0, -1, [], []), c)
@@ -204,25 +206,57 @@ async def test_bad_values_are_bad_request(proc: RequestProcessor) -> None:
         assert (await c.next()).status == Status.BAD_REQUEST, req
 
 
+def _into(machine: StateMachine, state: BookieState) -> None:
+    """Drive a registered, writable ``machine`` into ``state`` by its own events."""
+    if state is BookieState.READ_ONLY:
+        machine.disk_full(True)
+    elif state is BookieState.UNREGISTERED:
+        machine.lease_lost()
+    elif state is BookieState.DRAINING:
+        machine.drain()
+    elif state is BookieState.CLOSED:
+        machine.close()
+    assert machine.state is state
+
+
 @pytest.mark.parametrize(("state", "status"), [
     (BookieState.READ_ONLY, Status.READ_ONLY),
     (BookieState.UNREGISTERED, Status.NOT_READY),
     (BookieState.DRAINING, Status.NOT_READY),
-    (BookieState.STARTING, Status.NOT_READY),
+    (BookieState.CLOSED, Status.NOT_READY),
 ])
 async def test_adds_refused_unless_writable(proc: RequestProcessor, state: BookieState,
                                             status: Status) -> None:
     c = Conn()
-    proc.state = state
+    _into(proc.state_machine, state)
     proc.handle(add(1, 0), c)
     assert (await c.next()).status == status
     proc.handle(ReadLacRequest(2, 1), c)  # reads still answered
     assert (await c.next()).status == Status.NO_LEDGER
 
 
+async def test_a_starting_bookie_refuses_every_add(tmp_path: Path) -> None:
+    """Until its first registration a bookie takes no add, not even a recovery add."""
+    storage = await LedgerStorage.open(tmp_path / "j", tmp_path / "l", BookieConfig())
+    p = RequestProcessor(storage, "127.0.0.1:1")
+    c = Conn()
+    try:
+        assert p.state is BookieState.STARTING
+        for flags in (0, AddFlag.RECOVERY_ADD):
+            p.handle(add(1, 0, flags=flags), c)
+            assert (await c.next()).status == Status.NOT_READY
+        p.state_machine.registered(False)
+        p.handle(add(2, 0), c)
+        assert (await c.next()).status == Status.OK
+    finally:
+        await p.close()
+        await storage.close()
+
+
 async def test_read_only_bookie_accepts_recovery_adds(proc: RequestProcessor) -> None:
     c = Conn()
-    proc.state = BookieState.READ_ONLY
+    proc.state_machine.maintenance(True)
+    assert proc.state is BookieState.READ_ONLY
     proc.handle(add(1, 0, flags=AddFlag.RECOVERY_ADD), c)
     assert (await c.next()).status == Status.OK
 
@@ -281,7 +315,7 @@ async def test_deleted_ledger_refuses_adds_but_not_recovery_adds(tmp_path: Path)
         storage = await LedgerStorage.open(root / "j", root / "l",
                                            BookieConfig(gc_tombstone_s=tombstone_s))
         p = RequestProcessor(storage, "127.0.0.1:1")
-        p.state = BookieState.WRITABLE
+        p.state_machine.registered(False)
         c = Conn()
         try:
             p.handle(add(1, 0), c)
@@ -305,7 +339,7 @@ async def test_tombstones_survive_restarts(tmp_path: Path) -> None:
     async def reopen() -> tuple[LedgerStorage, RequestProcessor]:
         storage = await LedgerStorage.open(tmp_path / "j", tmp_path / "l", BookieConfig())
         p = RequestProcessor(storage, "127.0.0.1:1")
-        p.state = BookieState.WRITABLE
+        p.state_machine.registered(False)
         return storage, p
 
     storage, p = await reopen()

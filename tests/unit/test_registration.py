@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -121,3 +122,47 @@ async def test_a_hanging_keepalive_loses_the_registration_within_a_ttl() -> None
         assert changes == [True, False, True]
     finally:
         await reg.close()
+
+
+class RecordingClock(ManualClock):
+    """A manual clock that notes every sleep asked of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sleeps: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        await super().sleep(seconds)
+
+
+async def _retry_delays(seed: int) -> list[float]:
+    """The delays between re-registration attempts while the store is unreachable."""
+    clock = RecordingClock()
+    meta = FlakyStore(clock=clock)
+
+    def changed(registered: bool) -> None:
+        if not registered:
+            clock.sleeps.clear()  # from the loss on: only the back-off's sleeps
+
+    reg = Registration(meta, "127.0.0.1:9", ttl_s=3, clock=clock, retry_s_max=2.0,
+                       rng=random.Random(seed), on_change=changed)
+    await reg.start()
+    try:
+        meta.unreachable = True  # the lease is lost after a whole TTL without keep-alives
+        await spin(clock, 24, step_s=0.05)
+        assert not reg.registered
+    finally:
+        await reg.close()
+    return clock.sleeps
+
+
+async def test_re_registration_backs_off_with_jitter_from_the_injected_rng() -> None:
+    """Capped exponential back-off (asyncbk.backoff.Backoff), jittered by the rng the
+    registration was given: the same seed retries at the same times."""
+    a, b, other = await _retry_delays(7), await _retry_delays(7), await _retry_delays(8)
+    assert a == b and a != other
+    assert len(a) >= 8 and max(a) <= 2.0
+    for k, delay in enumerate(a):
+        nominal = min(2.0, 0.1 * 2 ** k)  # doubling from 0.1 s up to retry_s_max
+        assert nominal / 2 <= delay <= nominal

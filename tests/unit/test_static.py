@@ -27,8 +27,9 @@ ALLOWED: dict[str, set[str]] = {
     "stream": BOTTOM | {"stream", "client", "net", "proto", "meta"},
     # the local-cluster runner that ships to users (asyncbk standalone, asyncbk bench)
     "local": BOTTOM | {"local", "stream", "client", "bookie", "net", "proto", "meta"},
+    # the simulator runs auto-recovery workers beside its bookies
     "testing": BOTTOM | {"testing", "local", "stream", "client", "bookie", "net", "proto",
-                         "meta"},
+                         "meta", "autorecovery"},
     "spark": BOTTOM | {"spark", "stream", "client", "net", "proto", "meta"},
     # cli runs clusters through local/, never through the test harnesses
     "cli": BOTTOM | {"cli", "local", "stream", "client", "bookie", "net", "proto", "meta",

@@ -30,7 +30,6 @@ applies to the ledgers without one.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,13 +42,15 @@ from ..topology import POLICIES, location_of, region_of
 from ..types import BookieId
 from .replication import (
     ReplicationStats,
-    _copy_fragment,
-    _swap_bookies,
     answers_writable,
+    copy_fragment,
     ledger_spec,
+    swap_bookies,
 )
 
 if TYPE_CHECKING:
+    import random
+
     from ..client.client import BookKeeper, PlacementSpec
     from ..client.placement import PlacementViolation
 
@@ -294,9 +295,9 @@ async def fix_ledger_placement(bk: BookKeeper, ledger_id: int, rule: PlacementRu
         if dry_run:
             result.fixed.append(line)
             continue
-        await _copy_fragment(bk, md, digest, key, first, last, ensemble, plan, limiter, stats,
-                             progress, skip=set())
-        md = await _swap_bookies(bk, md, index, first, ensemble, plan)
+        await copy_fragment(bk, md, digest, key, first, last, ensemble, plan, limiter, stats,
+                            progress, skip=set())
+        md = await swap_bookies(bk, md, index, first, ensemble, plan)
         stats.fragments += 1
         result.fixed.append(line)
         _log.info("fragment moved to comply with placement", ledger_id=ledger_id,

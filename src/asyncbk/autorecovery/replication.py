@@ -170,9 +170,9 @@ async def replicate_ledger(bk: BookKeeper, ledger_id: int, available: set[Bookie
         if dry_run:
             index += 1
             continue
-        await _copy_fragment(bk, md, digest, key, first, last, ensemble, replaced, limiter,
+        await copy_fragment(bk, md, digest, key, first, last, ensemble, replaced, limiter,
                              stats, progress)
-        md = await _swap_bookies(bk, md, index, first, ensemble, replaced)
+        md = await swap_bookies(bk, md, index, first, ensemble, replaced)
         stats.fragments += 1
         _log.info("fragment re-replicated", ledger_id=ledger_id, fragment=index, first=first,
                   last=last, entries=count, replaced={ensemble[p]: b for p, b in replaced.items()})
@@ -233,12 +233,12 @@ def _unexpected(bookie: BookieId, resp: object, request: str, expected: type) ->
             f"instead of {expected.__name__}")
 
 
-async def _copy_fragment(bk: BookKeeper, md: LedgerMetadata, digest: DigestManager, key: bytes,
-                         first: int, last: int, ensemble: tuple[BookieId, ...],
-                         replaced: dict[int, BookieId], limiter: RateLimiter,
-                         stats: ReplicationStats,
-                         progress: Callable[[int, int], None] | None,
-                         skip: set[int] | None = None) -> None:
+async def copy_fragment(bk: BookKeeper, md: LedgerMetadata, digest: DigestManager, key: bytes,
+                        first: int, last: int, ensemble: tuple[BookieId, ...],
+                        replaced: dict[int, BookieId], limiter: RateLimiter,
+                        stats: ReplicationStats,
+                        progress: Callable[[int, int], None] | None,
+                        skip: set[int] | None = None) -> None:
     """Copy the entries of fragment ``first..last`` that the ``replaced`` positions
     hold to their new bookies, reading each from a replica at a position not in
     ``skip`` (default: the replaced ones, lost)."""
@@ -320,9 +320,9 @@ async def _write_body(bk: BookKeeper, md: LedgerMetadata, key: bytes, entry_id: 
                                      f"{bookie}: bookie answered {Status(resp.status).name}")
 
 
-async def _swap_bookies(bk: BookKeeper, md: LedgerMetadata, index: int, first: int,
-                        ensemble: tuple[BookieId, ...],
-                        replaced: dict[int, BookieId]) -> LedgerMetadata:
+async def swap_bookies(bk: BookKeeper, md: LedgerMetadata, index: int, first: int,
+                       ensemble: tuple[BookieId, ...],
+                       replaced: dict[int, BookieId]) -> LedgerMetadata:
     """Put the replacements into fragment ``index`` by compare-and-swap, re-reading on a
     lost race; fails if the fragment itself changed meanwhile (copy again)."""
     while True:
@@ -340,6 +340,6 @@ async def _swap_bookies(bk: BookKeeper, md: LedgerMetadata, index: int, first: i
             md = await bk.meta.read_ledger(md.ledger_id)
 
 
-__all__ = ["RateLimiter", "ReplicationStats", "answers_writable", "describe_placement",
-           "ledger_policy", "ledger_spec", "lost_positions", "needs_recovery_first",
-           "replicate_ledger"]
+__all__ = ["RateLimiter", "ReplicationStats", "answers_writable", "copy_fragment",
+           "describe_placement", "ledger_policy", "ledger_spec", "lost_positions",
+           "needs_recovery_first", "replicate_ledger", "swap_bookies"]

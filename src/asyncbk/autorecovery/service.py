@@ -36,7 +36,9 @@
 
 Time (the lost-bookie delay, the age of a mark, every poll and sleep) comes
 from the injected :class:`~asyncbk.clock.Clock`; a mark's time is the metadata
-store's wall-clock time when it was first marked.
+store's wall-clock time when it was first marked.  Randomness (the placement
+repair's choices) comes from the injected ``rng``, so the simulator's worker
+replays from its seed.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -200,9 +203,11 @@ class AutoRecovery:
     """One auto-recovery process (or task, inside a bookie): candidate auditor + worker."""
 
     def __init__(self, bk: Any, config: AutoRecoveryConfig, process_id: str | None = None,
-                 *, owns_client: bool = False, clock: Clock = SYSTEM_CLOCK) -> None:
+                 *, owns_client: bool = False, clock: Clock = SYSTEM_CLOCK,
+                 rng: random.Random | None = None, log: Any = None) -> None:
         self.bk = bk
         self.clock = clock
+        self.rng = rng if rng is not None else random.Random()
         self._owns_client = owns_client
         self.meta: RecoveryMetadata = bk.meta
         self.config = config.validate()
@@ -213,7 +218,8 @@ class AutoRecovery:
         if config.fix_placement:
             self.placement_rule = PlacementRule.of_client(bk.config)
         self.id = process_id or f"{socket.gethostname()}:{os.getpid()}"
-        self.log = get_logger(component="autorecovery", autorecovery_id=self.id)
+        self.log = log if log is not None else get_logger(component="autorecovery",
+                                                           autorecovery_id=self.id)
         self.status = AutoRecoveryStatus(self.id, clock=clock)
         self.lease = LeaseKeeper(self.meta, config.lease_ttl_s, self.log, clock=clock)
         self.limiter = RateLimiter(config.rate_entries_per_s, clock=clock)
@@ -441,7 +447,8 @@ class AutoRecovery:
         self.status.replicating = ledger_id
         try:
             done = await fix_ledger_placement(self.bk, ledger_id, rule, available, writable,
-                                              self.limiter, self.status.replication)
+                                              self.limiter, self.status.replication,
+                                              rng=self.rng)
         except NoSuchLedgerError:
             return 0
         except BKError as exc:  # a concurrent change or a failed copy: next interval

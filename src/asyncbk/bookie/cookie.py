@@ -12,20 +12,26 @@ could close a ledger short (invariant 6).  So:
 * every copy present and equal         -> start;
 * anything else                        -> refuse, with a message saying what
   differs and what the operator can do.
+
+The cookie files are read and written through the storage's file seam
+(:class:`~.fileio.FileIO`, blocking calls run through an :class:`~.fileio.Offload`),
+so the simulator checks cookies on its simulated disks as the bookie does on real
+ones.  The directory lock (:class:`DirectoryLock`) is the seam's other half: a
+bookie takes it through a factory (:data:`DirectoryLocker`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import CookieError
 from ..meta.api import BookieRegistry, CookieStore
+from .fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload
 
 COOKIE_FILE = "COOKIE"
 LOCK_FILE = "LOCK"
@@ -86,35 +92,58 @@ class DirectoryLock:
             os.close(fd)  # closing the descriptor drops the lock
 
 
-def _dir_has_data(path: Path) -> bool:
-    return path.exists() and any(p.name not in (COOKIE_FILE, LOCK_FILE) for p in path.iterdir())
+class HeldLock(Protocol):
+    """Directories locked for this process (:class:`DirectoryLock`)."""
+
+    def acquire(self) -> None:
+        """Take the lock (blocking); CookieError if another process holds it."""
+        ...
+
+    def release(self) -> None: ...
 
 
-def _read_local(path: Path) -> Cookie | None:
-    f = path / COOKIE_FILE
-    if not f.exists():
-        return None
-    return Cookie.from_bytes(f.read_bytes(), str(f))
+DirectoryLocker = Callable[[Sequence[Path]], HeldLock]
+"""Makes the lock of a bookie's directories (the OS's: :func:`os_directory_lock`)."""
 
 
-def _write_local(path: Path, cookie: Cookie) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    tmp = path / (COOKIE_FILE + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(cookie.to_bytes())
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path / COOKIE_FILE)
-    fd = os.open(path, os.O_RDONLY)
+def os_directory_lock(directories: Sequence[Path]) -> HeldLock:
+    """A :class:`DirectoryLock` (``flock``) on ``directories``."""
+    return DirectoryLock(*directories)
+
+
+def _dir_has_data(io: FileIO, path: Path) -> bool:
     try:
-        os.fsync(fd)
+        names = io.list_dir(path)
+    except FileNotFoundError:
+        return False
+    return any(name not in (COOKIE_FILE, LOCK_FILE) for name, _ in names)
+
+
+def _read_local(io: FileIO, path: Path) -> Cookie | None:
+    f = path / COOKIE_FILE
+    try:
+        data = io.read_file(f)
+    except FileNotFoundError:
+        return None
+    return Cookie.from_bytes(data, str(f))
+
+
+def _write_local(io: FileIO, path: Path, cookie: Cookie) -> None:
+    io.makedirs(path)
+    tmp = path / (COOKIE_FILE + ".tmp")
+    fd = io.create(tmp, exclusive=False)
+    try:
+        io.write(fd, cookie.to_bytes())
+        io.fdatasync(fd)
     finally:
-        os.close(fd)
+        io.close(fd)
+    io.replace(tmp, path / COOKIE_FILE)
+    io.fsync_dir(path)
 
 
-def _write_all(directories: Sequence[Path], cookie: Cookie) -> None:
+def _write_all(io: FileIO, directories: Sequence[Path], cookie: Cookie) -> None:
     for d in directories:
-        _write_local(d, cookie)
+        _write_local(io, d, cookie)
 
 
 class CookieMetadata(CookieStore, BookieRegistry, Protocol):
@@ -161,6 +190,8 @@ def _expands(old: Cookie, new: Cookie) -> bool:
 async def check_or_format(
     meta: CookieMetadata, bookie_id: str, journal_dirs: Sequence[Path],
     ledger_dirs: Sequence[Path], *, allow_expansion: bool = False, log: Any = None,
+    io: FileIO = OS_FILE_IO, offload: Offload = THREAD_OFFLOAD,
+    resolve: Callable[[Path], Path] = Path.resolve,
 ) -> Cookie:
     """Verify (or, for a brand-new bookie, create) the cookies; raises CookieError.
 
@@ -169,18 +200,21 @@ async def check_or_format(
     or holding this very cookie from an interrupted expansion) are accepted and the
     cookies rewritten: first in the new directories, then in the metadata store
     (compare-and-set), then in the old directories; a crash between the steps is
-    finished by the next start with the same option."""
-    journal_dirs, ledger_dirs = await asyncio.to_thread(
-        lambda: ([d.resolve() for d in journal_dirs], [d.resolve() for d in ledger_dirs]))
+    finished by the next start with the same option.
+
+    Files are read and written on ``io`` through ``offload``; ``resolve`` makes a
+    directory absolute (blocking, run through ``offload`` too)."""
+    journal_dirs, ledger_dirs = await offload.run(
+        lambda: ([resolve(d) for d in journal_dirs], [resolve(d) for d in ledger_dirs]))
     instance_id = await meta.get_or_create_instance_id()
     expected = Cookie(bookie_id, instance_id, ",".join(map(str, journal_dirs)),
                       ",".join(map(str, ledger_dirs)))
     every = [*journal_dirs, *ledger_dirs]
 
     def read_dirs() -> dict[Path, tuple[Cookie | None, bool]]:
-        return {d: (_read_local(d), _dir_has_data(d)) for d in every}
+        return {d: (_read_local(io, d), _dir_has_data(io, d)) for d in every}
 
-    found = await asyncio.to_thread(read_dirs)
+    found = await offload.run(read_dirs)
     stored = await meta.read_cookie(bookie_id)
     remote = Cookie.from_bytes(stored[0], "the metadata store") if stored else None
 
@@ -191,7 +225,7 @@ async def check_or_format(
                     f"{d} holds files but no cookie: refusing to adopt unknown data as bookie "
                     f"{bookie_id}. Point the bookie at empty directories, or move the files away.")
         await meta.write_cookie(bookie_id, expected.to_bytes(), None)
-        await asyncio.to_thread(_write_all, every, expected)
+        await offload.run(_write_all, io, every, expected)
         return expected
 
     if remote is None:
@@ -238,7 +272,7 @@ async def check_or_format(
                 f"belongs to another bookie or cluster. Refusing to start.{hint}")
     if new_dirs:
         assert stored is not None
-        await asyncio.to_thread(_write_all, new_dirs, expected)
+        await offload.run(_write_all, io, new_dirs, expected)
         await meta.write_cookie(bookie_id, expected.to_bytes(), stored[1])
         remote = expected
         if log is not None:
@@ -247,7 +281,7 @@ async def check_or_format(
     if remote == expected:
         stale = [d for d in every if found[d][0] != expected and d not in new_dirs]
         if stale:
-            await asyncio.to_thread(_write_all, stale, expected)
+            await offload.run(_write_all, io, stale, expected)
         return remote
     raise CookieError(_changed(bookie_id, expected, remote))
 

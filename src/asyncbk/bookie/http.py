@@ -14,13 +14,16 @@ Routes:
   and back.  A bookie read-only for another reason (disk, journal, config) stays so.
 
 Bad requests get a 4xx with ``{"error": "..."}``; the server keeps serving.
+
+The endpoint sees the bookie through :class:`~.admin.BookieAdmin` (its state, its
+figures, the maintenance switch, garbage collection), never through its parts.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from prometheus_client.core import (
@@ -32,20 +35,18 @@ from prometheus_client.core import (
 from .._version import __version__
 from ..errors import BKError
 from ..net.http import AdminHttp
-from ..stats import LatencyHistogram, MetricFamilies
-from .processor import BookieState
-
-if TYPE_CHECKING:
-    from .server import BookieServer
+from ..stats import MetricFamilies
+from .admin import BookieAdmin
+from .state import SERVING_STATES, BookieState
 
 PREFIX = "asyncbk_bookie"
-SERVING_STATES = (BookieState.WRITABLE, BookieState.READ_ONLY)
 
 
 class BookieCollector:
-    """A Prometheus collector reading a :class:`BookieServer` at scrape time."""
+    """A Prometheus collector reading a bookie (its :class:`~.admin.BookieAdmin`) at
+    scrape time."""
 
-    def __init__(self, bookie: BookieServer) -> None:
+    def __init__(self, bookie: BookieAdmin) -> None:
         self.bookie = bookie
 
     def describe(self) -> list[Metric]:
@@ -56,7 +57,7 @@ class BookieCollector:
         families = MetricFamilies(PREFIX, "bookie", b.bookie_id)
         gauge, counter, histogram = families.gauge, families.counter, families.histogram
 
-        state = b.processor.state if b.processor is not None else BookieState.STARTING
+        state = b.state_view().state
         g = GaugeMetricFamily(f"{PREFIX}_state", "1 for the bookie's current state",
                               labels=["bookie", "state"])
         for each in BookieState:
@@ -64,11 +65,12 @@ class BookieCollector:
         yield g
         yield gauge("read_only", "1 while the bookie refuses adds (read-only)",
                     1.0 if state is BookieState.READ_ONLY else 0.0)
-        if b.listener is not None:
-            yield gauge("connections", "open client connections", len(b.listener.connections))
+        listener = b.listener_figures()
+        if listener is not None:
+            yield gauge("connections", "open client connections", listener.connections)
             yield counter("protocol_errors", "connections closed for a malformed frame",
-                          b.listener.protocol_errors)
-        p = b.processor
+                          listener.protocol_errors)
+        p = b.processor_figures()
         if p is not None:
             c = p.counters
             yield counter("add_requests", "adds accepted for journaling", c["adds"])
@@ -84,9 +86,8 @@ class BookieCollector:
             yield histogram("add_latency_seconds",
                             "add: arrival to answer (journal fsync included)", p.add_latency)
             yield histogram("read_latency_seconds", "read: arrival to answer", p.read_latency)
-        s = b.storage
-        if s is not None:
-            st = s.statistics()
+        st = b.storage_statistics()
+        if st is not None:
             j = st["journal"]
             yield gauge("ledgers", "ledgers stored", st["ledgers"])
             yield gauge("entries", "entries indexed", st["entries"])
@@ -116,17 +117,18 @@ class BookieCollector:
             yield fr
             yield gauge("journal_failed", "1 once the journal failed (bookie read-only)",
                         1.0 if j["failed"] else 0.0)
-            journals = [part.journal for part in s.per_directory]  # one per ledger dir
+        journals = b.journal_figures()
+        if journals is not None:
             yield histogram("journal_fsync_seconds", "journal fdatasync time",
-                            LatencyHistogram.merged([j.fsync_latency for j in journals]))
+                            journals.fsync_latency)
             yield histogram("journal_batch_records", "records per group commit",
-                            LatencyHistogram.merged([j.batch_records for j in journals]))
+                            journals.batch_records)
 
 
 class AdminHttpServer:
     """aiohttp server of one bookie's admin routes; ``start`` returns the bound port."""
 
-    def __init__(self, bookie: BookieServer, host: str, port: int,
+    def __init__(self, bookie: BookieAdmin, host: str, port: int,
                  extra_routes: Sequence[web.RouteDef] = (),
                  extra_collectors: Sequence[Any] = (), **security: Any) -> None:
         self.bookie = bookie
@@ -156,38 +158,30 @@ class AdminHttpServer:
 
     # ------------------------------------------------------------------ routes
 
-    def _state(self) -> BookieState:
-        p = self.bookie.processor
-        return p.state if p is not None else BookieState.STARTING
-
     async def healthz(self, request: web.Request) -> web.Response:
-        state = self._state()
+        state = self.bookie.state_view().state
         if state in SERVING_STATES:
             return web.Response(text="ok\n")
         return web.Response(status=503, text=f"not serving: {state.value}\n")
 
     async def info(self, request: web.Request) -> web.Response:
         b = self.bookie
-        out: dict[str, Any] = {"bookie_id": b.bookie_id, "state": self._state().value,
+        out: dict[str, Any] = {"bookie_id": b.bookie_id, "state": b.state_view().state.value,
                                "version": __version__, "http_port": self.port}
-        if b.storage is not None:
-            st = b.storage.statistics()
+        st = b.storage_statistics()
+        if st is not None:
             free, total = st["disk_free_bytes"], st["disk_total_bytes"]
+            journal_dir, ledger_dir = b.directories()
             out.update(ledgers=st["ledgers"], entries=st["entries"],
                        disk={"free_bytes": free, "total_bytes": total,
                              "used_fraction": round(1 - free / total, 6) if total else None},
-                       journal_dir=b.config.journal_dir, ledger_dir=b.config.ledger_dir)
+                       journal_dir=journal_dir, ledger_dir=ledger_dir)
             if "directories" in st:  # several ledger directories: each one's state
                 out["directories"] = st["directories"]
         return web.json_response(out)
 
     async def get_state(self, request: web.Request) -> web.Response:
-        return web.json_response(self._state_doc())
-
-    def _state_doc(self) -> dict[str, Any]:
-        state = self._state()
-        return {"state": state.value, "read_only": state is BookieState.READ_ONLY,
-                "reasons": self.bookie.read_only_reasons()}
+        return web.json_response(self.bookie.state_view().to_json())
 
     async def put_state(self, request: web.Request) -> web.Response:
         try:
@@ -197,32 +191,31 @@ class AdminHttpServer:
         if not isinstance(doc, dict) or not isinstance(doc.get("read_only"), bool) \
                 or set(doc) - {"read_only"}:
             return _error(400, 'body must be {"read_only": true} or {"read_only": false}')
-        if self._state() not in SERVING_STATES:
-            return _error(409, f"bookie is {self._state().value}: try again when it serves")
+        state = self.bookie.state_view().state
+        if state not in SERVING_STATES:
+            return _error(409, f"bookie is {state.value}: try again when it serves")
         try:
-            await self.bookie.set_manual_read_only(doc["read_only"])
+            view = await self.bookie.set_maintenance(doc["read_only"])
         except BKError as exc:
             return _error(503, f"could not switch: {exc}")
-        return web.json_response(self._state_doc())
-
+        return web.json_response(view.to_json())
 
     async def gc_status(self, request: web.Request) -> web.Response:
-        gc = self.bookie.gc
-        if gc is None:
+        stats = self.bookie.gc_statistics()
+        if stats is None:
             return _error(409, "garbage collection is not running yet")
-        return web.json_response(gc.statistics())
+        return web.json_response(stats)
 
     async def run_gc(self, request: web.Request) -> web.Response:
         """Run a garbage collection round now, compacting every log below the major
         threshold (as BookKeeper's forced GC)."""
-        gc = self.bookie.gc
-        if gc is None:
-            return _error(409, "garbage collection is not running yet")
         try:
-            done = await gc.run_once(force_compaction=True)
+            done = await self.bookie.run_gc()
         except BKError as exc:
             return _error(503, f"garbage collection failed: {exc}")
-        return web.json_response({**done, **gc.statistics()})
+        if done is None:
+            return _error(409, "garbage collection is not running yet")
+        return web.json_response(done)
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -23,7 +23,6 @@ hard bound adds get TOO_MANY_REQUESTS.
 from __future__ import annotations
 
 import asyncio
-import enum
 import hmac
 from collections.abc import Coroutine
 from typing import Any
@@ -57,6 +56,7 @@ from ..proto import (
     encode_add_response,
 )
 from ..stats import LatencyHistogram
+from .state import BookieState, StateMachine
 from .storage import RequestStorage
 
 _RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
@@ -73,14 +73,6 @@ ID_MAX = 2**63 - 1
 """The largest ledger id, entry id or LAC a bookie stores (journal records are signed
 64-bit); the wire carries up to 2**64 - 1, and more is refused with BAD_REQUEST."""
 
-class BookieState(enum.StrEnum):
-    STARTING = "starting"
-    WRITABLE = "writable"
-    READ_ONLY = "readonly"
-    UNREGISTERED = "unregistered"
-    """The registration lease was lost: reads are served, adds refused until re-registered."""
-    DRAINING = "draining"
-
 
 class _LacWaiter:
     __slots__ = ("conn", "handle", "request")
@@ -92,10 +84,15 @@ class _LacWaiter:
 
 
 class RequestProcessor:
-    def __init__(self, storage: RequestStorage, bookie_id: str, log: Any = None) -> None:
+    """Answers the requests of every connection.  Whether adds are admitted comes from
+    ``state_machine`` (the bookie's :class:`~.state.StateMachine`, shared with the
+    server; a new one, ``starting``, when none is given)."""
+
+    def __init__(self, storage: RequestStorage, bookie_id: str, log: Any = None, *,
+                 state_machine: StateMachine | None = None) -> None:
         self.storage = storage
         self.bookie_id = bookie_id
-        self.state = BookieState.STARTING
+        self.state_machine = state_machine if state_machine is not None else StateMachine()
         self.log = log or get_logger(bookie_id=bookie_id)
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -115,6 +112,11 @@ class RequestProcessor:
         """From an add's arrival to its answer (journal fsync included)."""
         self.read_latency = LatencyHistogram()
         """From a read's (or batch read's) arrival to its answer."""
+
+    @property
+    def state(self) -> BookieState:
+        """The bookie's state (its state machine's)."""
+        return self.state_machine.state
 
     # ------------------------------------------------------------------ dispatch
 
@@ -265,12 +267,10 @@ class RequestProcessor:
         if not master_key or len(master_key) > MASTER_KEY_BYTES_MAX:
             return Status.BAD_REQUEST
         recovery = flags & _RECOVERY_ADD  # a plain int test: this runs for every add
-        if self.state is not BookieState.WRITABLE:
-            if self.state is BookieState.READ_ONLY:
-                if not recovery:
-                    return Status.READ_ONLY
-            else:
-                return Status.NOT_READY
+        machine = self.state_machine
+        admitted = machine.recovery_add_status if recovery else machine.add_status
+        if admitted is not Status.OK:
+            return admitted
         storage = self.storage
         info = storage.ledger(ledger_id)
         if info is not None:

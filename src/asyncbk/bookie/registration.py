@@ -7,8 +7,9 @@ which is how clients and auto-recovery learn that it is gone.
 If a refresh says the lease is gone, or no refresh has succeeded for a whole
 TTL (the store is unreachable, so the lease has certainly expired there), the
 bookie reports itself unregistered (it stops taking adds) and tries to
-register again with capped exponential back-off; once it succeeds it is
-writable again.
+register again with capped exponential back-off (:class:`~asyncbk.backoff.Backoff`,
+jittered from the injected ``rng``, so a simulated run replays from its seed); once
+it succeeds it is writable again.
 """
 
 from __future__ import annotations
@@ -18,10 +19,15 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from ..backoff import Backoff
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import BKError
 from ..log import get_logger
 from ..meta.api import SESSION_KEY, BookieRegistration, BookieRegistry
+
+RETRY_S_FIRST = 0.1
+"""The first delay before registering again after the lease was lost (it doubles at
+each failure, up to ``retry_s_max``, jittered)."""
 
 
 class Registration:
@@ -36,6 +42,7 @@ class Registration:
         retry_s_max: float = 5.0,
         clock: Clock = SYSTEM_CLOCK,
         log: Any = None,
+        rng: random.Random | None = None,
     ) -> None:
         self._meta = meta
         self.bookie_id = bookie_id
@@ -44,6 +51,7 @@ class Registration:
         self._on_change = on_change
         self._retry_s_max = retry_s_max
         self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
         self._log = log or get_logger(bookie_id=bookie_id)
         self.readonly = False
         self.lease_id: int | None = None
@@ -83,9 +91,10 @@ class Registration:
     async def _keepalive_loop(self) -> None:
         interval_s = self._ttl_s / 3
         last_ok_s = self._clock.monotonic_s()
-        backoff_s = 0.1
+        backoff = Backoff(min(RETRY_S_FIRST, self._retry_s_max), self._retry_s_max,
+                          jitter=0.5, rng=self._rng)
         while True:
-            await self._clock.sleep(interval_s if self.registered else backoff_s)
+            await self._clock.sleep(interval_s if self.registered else backoff.next_s())
             if self.registered and self.lease_id is not None:
                 # A keep-alive that hangs (etcd unreachable, packets dropped) must not
                 # outlast the lease: past last_ok + TTL the lease may be gone already.
@@ -104,15 +113,15 @@ class Registration:
                     self._lost("the lease expired")
                     continue
                 last_ok_s = self._clock.monotonic_s()
-                backoff_s = 0.1
+                backoff.reset()
             else:
                 try:
                     await self._register()
                     last_ok_s = self._clock.monotonic_s()
+                    backoff.reset()
                 except BKError as exc:
-                    backoff_s = min(self._retry_s_max, backoff_s * 2) * (0.5 + random.random() / 2)
                     self._log.warning("re-registration failed", error=str(exc),
-                                      retry_in_s=round(backoff_s, 2))
+                                      retry_in_s_max=round(backoff.peek_s(), 2))
 
     async def _keepalive_within(self, lease_id: int, limit_s: float) -> int | None:
         """The keep-alive's answer (the TTL left), or None if none came within

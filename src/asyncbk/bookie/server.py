@@ -1,4 +1,16 @@
-"""A bookie server: storage + request processor + listener + registration.
+"""A bookie server: the bookie's composition root.
+
+:class:`BookieServer` builds every part of a bookie (storage, request processor,
+listener, registration, disk watch, garbage collection, the admin endpoint) and
+takes every I/O seam they stand on from its :class:`~.context.BookieContext`: the
+metadata store, file I/O, the disk-usage probe, the directory lock, the network,
+the clock and the randomness.  A bookie process runs the real ones; the simulator
+runs this same root over its simulated disks, network and virtual time.
+
+The bookie's state (writable, read-only and why, unregistered, draining, closed)
+is one :class:`~.state.StateMachine`: the registration, the disk watch and the
+admin endpoint feed it events; the request processor reads its admission decision
+from it; the server publishes what it says (the registration's read-only flag).
 
 Start order: connect to the metadata store, make sure the port is free and no
 bookie with this id is registered and running (``startup``), lock the
@@ -9,12 +21,14 @@ then does the bookie take adds.
 Stop order (graceful): refuse new adds and stop accepting connections, wait
 for the adds already accepted to be fsynced and answered, close storage
 (flush, fsync, checkpoint), revoke the lease, close connections, cancel
-whatever is left.
+whatever is left.  :meth:`BookieServer.abort` is what a crash does instead (the
+simulator's): nothing drained, flushed or revoked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import os
 import signal
@@ -24,13 +38,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .._version import __version__
-from ..clock import SYSTEM_CLOCK, Clock
+from ..clock import Clock
 from ..config import BookieConfig
 from ..errors import BKError, ConfigError
 from ..log import get_logger
 from ..meta.api import MetadataStore
-from ..meta.uri import open_metadata_store, parse_metadata_uri
-from ..net.etcd_security import bookie_etcd_security
+from ..meta.uri import parse_metadata_uri
 from ..net.security import (
     Credential,
     CredentialReloader,
@@ -39,13 +52,18 @@ from ..net.security import (
     server_context,
 )
 from ..net.server import BookieListener
+from ..stats import LatencyHistogram
 from ..topology import LOCATION_KEY, normalize_location
-from .cookie import DirectoryLock, check_or_format
+from .admin import JournalFigures, ListenerFigures, ProcessorFigures, StateView
+from .context import BookieContext
+from .cookie import HeldLock, check_or_format
+from .diskwatch import DiskWatch
 from .gc import GarbageCollector
 from .http import AdminHttpServer
-from .processor import BookieState, RequestProcessor
+from .processor import RequestProcessor
 from .registration import Registration
-from .startup import check_not_running
+from .startup import Acceptor, check_not_running
+from .state import BookieState, Change, ReadOnlyReason, StateMachine, disk_read_only
 from .storage.api import Storage
 from .storage.directories import open_storage
 
@@ -60,7 +78,11 @@ class Companion(Protocol):
 
 
 class BookieServer:
-    def __init__(self, config: BookieConfig, clock: Clock = SYSTEM_CLOCK) -> None:
+    """One bookie (module docstring).  ``clock`` is kept for callers that pass only a
+    clock; a ``context`` brings every seam (its clock unless ``clock`` is given)."""
+
+    def __init__(self, config: BookieConfig, clock: Clock | None = None, *,
+                 context: BookieContext | None = None) -> None:
         if not config.metadata_uri:
             raise ConfigError("a bookie needs --metadata-uri (e.g. etcd://127.0.0.1:2379/asyncbk)")
         if not config.journal_dir or not config.ledger_dir:
@@ -68,24 +90,30 @@ class BookieServer:
         if config.port == 0:
             raise ConfigError("a bookie needs a fixed --port: its id is host:port")
         parse_metadata_uri(config.metadata_uri)  # bad input fails before anything is touched
+        context = context if context is not None else BookieContext()
+        if clock is not None:
+            context = dataclasses.replace(context, clock=clock)
         self.config = config
-        self.clock = clock
+        self.context = context
+        self.clock = context.clock
         """The time source of every part (storage, GC, registration, disk checks)."""
         host = config.advertised_host or config.host
         self.bookie_id = f"{host}:{config.port}"
-        self.log = get_logger(bookie_id=self.bookie_id)
+        self.log = context.log if context.log is not None else get_logger(
+            bookie_id=self.bookie_id)
+        self.state_machine = StateMachine(read_only=config.read_only)
+        """The bookie's state and read-only reasons (the one copy of them)."""
         self.meta: MetadataStore | None = None
         self.storage: Storage | None = None
         self.processor: RequestProcessor | None = None
         self.listener: BookieListener | None = None
         self.registration: Registration | None = None
+        self._acceptor: Acceptor | None = None
         self._stopped = asyncio.Event()
-        self._stopping = False
+        self._stop_task: asyncio.Task[None] | None = None
+        """The stop under way (graceful or an abort): one per server."""
         self._disk_task: asyncio.Task[None] | None = None
-        self._lock: DirectoryLock | None = None
-        self.read_only_for_disk = False
-        self.read_only_manual = False
-        self.journal_failed = False
+        self._lock: HeldLock | None = None
         self.http: AdminHttpServer | None = None
         self.gc: GarbageCollector | None = None
         self._gc_task: asyncio.Task[None] | None = None
@@ -99,32 +127,40 @@ class BookieServer:
         """Reloads the certificate, key, CA and tokens: on :meth:`reload_credentials`
         (SIGHUP) and when their files change."""
 
+    @property
+    def state(self) -> BookieState:
+        return self.state_machine.state
+
     async def start(self) -> None:
         cfg = self.config
+        ctx = self.context
         try:
             # TLS material and tokens first: a mistake there is said before anything else.
             # (The files are noted first, so a change from now on is reloaded.)
             self.reloader = CredentialReloader(self._credentials(), clock=self.clock,
                                                log=self.log)
             await self.reloader.snapshot()
-            tls, http_tls, tokens = await asyncio.to_thread(_security, cfg)
+            tls, http_tls, tokens = await ctx.offload.run(_security, cfg)
             self.tls = LiveServerTLS(tls) if tls is not None else None
             self.http_tls = LiveServerTLS(http_tls) if http_tls is not None else None
             # The store first: a bookie that cannot reach it creates nothing on disk.
-            etcd = await asyncio.to_thread(bookie_etcd_security, cfg)
-            self.meta = await open_metadata_store(cfg.metadata_uri, timeout_s=cfg.metadata_timeout_s,
-                                                  **etcd.store_options())
+            self.meta = await ctx.open_metadata(cfg)
             # Before any verdict on the cookie: a second process for a live bookie (or
             # on a taken port) is told so, not that its disk was wiped.
-            await check_not_running(self.meta, self.bookie_id, cfg.host, cfg.port)
+            await check_not_running(self.meta, self.bookie_id, cfg.host, cfg.port,
+                                    network=ctx.network)
             journal_dirs = [Path(d) for d in cfg.journal_dirs]
             ledger_dirs = [Path(d) for d in cfg.ledger_dirs]
-            self._lock = DirectoryLock(*journal_dirs, *ledger_dirs)
-            await asyncio.to_thread(self._lock.acquire)
+            self._lock = ctx.lock_directories([*journal_dirs, *ledger_dirs])
+            await ctx.offload.run(self._lock.acquire)
             await check_or_format(self.meta, self.bookie_id, journal_dirs, ledger_dirs,
-                                  allow_expansion=cfg.allow_storage_expansion, log=self.log)
-            self.storage = await open_storage(cfg, log=self.log, clock=self.clock)
-            self.processor = RequestProcessor(self.storage, self.bookie_id, log=self.log)
+                                  allow_expansion=cfg.allow_storage_expansion, log=self.log,
+                                  io=ctx.io, offload=ctx.offload, resolve=ctx.resolve)
+            self.storage = await open_storage(cfg, log=self.log, clock=self.clock, io=ctx.io,
+                                              offload=ctx.offload, kv_open=ctx.kv_open,
+                                              device_of=ctx.device_of)
+            self.processor = RequestProcessor(self.storage, self.bookie_id, log=self.log,
+                                              state_machine=self.state_machine)
             self.listener = BookieListener(
                 self.processor,
                 frame_bytes_max=cfg.frame_bytes_max,
@@ -137,7 +173,7 @@ class BookieServer:
                 requests_max=cfg.connection_requests_max,
                 idle_timeout_s=cfg.connection_idle_timeout_s,
             )
-            await self.listener.start(cfg.host, cfg.port)
+            self._acceptor = await ctx.network.listen(self.listener, cfg.host, cfg.port)
             info: dict[str, Any] = {"version": __version__,
                                     LOCATION_KEY: normalize_location(cfg.rack)}
             if cfg.http_enabled:
@@ -159,22 +195,25 @@ class BookieServer:
             self.registration = Registration(
                 self.meta, self.bookie_id, cfg.lease_ttl_s,
                 info=info,
-                on_change=self._on_registration_change,
+                on_change=self.on_registration_change,
                 retry_s_max=cfg.register_retry_s_max,
                 clock=self.clock,
                 log=self.log,
+                rng=ctx.rng,
             )
-            self.registration.readonly = cfg.read_only
+            self.registration.readonly = self.state_machine.read_only
             await self.registration.start()
-            self._disk_task = asyncio.get_running_loop().create_task(self._watch_disk())
+            loop = asyncio.get_running_loop()
+            self._disk_task = loop.create_task(self._watch_disk())
             registration = self.registration
             self.gc = GarbageCollector(self.storage, self.meta, self.bookie_id, cfg,
                                        lambda: registration.lease_id, self.log,
                                        clock=self.clock)
-            self._gc_task = asyncio.get_running_loop().create_task(self.gc.run_forever())
+            self._gc_task = loop.create_task(self.gc.run_forever())
             self.reloader.start()
         except BaseException:
-            await self._close_parts()
+            await self._close_parts(graceful=True)
+            self._apply(self.state_machine.close())
             raise
         self.log.info("bookie started", journal_dir=cfg.journal_dir, ledger_dir=cfg.ledger_dir)
 
@@ -216,126 +255,201 @@ class BookieServer:
         if self.reloader is not None:
             self.reloader.request_reload()
 
+    # ------------------------------------------------------------------ state
+
+    def _apply(self, change: Change) -> None:
+        """Say what ``change`` did (the log, the context's observer)."""
+        if not change.changed:
+            return
+        reasons = [r.value for r in change.reasons]
+        if change.before is not change.after:
+            self.log.warning("bookie state changed", state=change.after.value,
+                             previous=change.before.value, reasons=reasons)
+        else:
+            self.log.warning("read-only reasons changed", state=change.after.value,
+                             reasons=reasons)
+        observer = self.context.on_state_change
+        if observer is not None:
+            observer(self.bookie_id, change)
+
+    async def _publish(self, change: Change) -> None:
+        """Apply ``change`` and write the read-only flag it asks for to the registry
+        (BKError if the store refuses; the flag is tried again by the disk watch)."""
+        self._apply(change)
+        flag = change.publish
+        if flag is None or self.registration is None:
+            return
+        await self.registration.set_readonly(flag)
+        self.state_machine.published(flag)
+
+    async def _publish_quietly(self, change: Change) -> None:
+        try:
+            await self._publish(change)
+        except BKError as exc:  # the store is unreachable: the next round tries again
+            self.log.warning("could not switch read-only mode", error=str(exc),
+                             read_only=change.publish)
+
     async def _watch_disk(self) -> None:
         """Per ledger directory: mark it full when its disk or its journal's disk is
-        nearly full, not full again below the low mark (adds to its ledgers refused
-        meanwhile, new ledgers placed elsewhere).  The bookie turns read-only when every
-        directory is full, writable again when one is not; also read-only for good once
-        the journal (every journal) has failed."""
+        nearly full, not full again below the low mark (:mod:`.diskwatch`).  The bookie
+        is read-only for a full disk when every directory is full, writable again when
+        one is not; read-only for good once every journal has failed."""
         cfg = self.config
-        assert self.storage is not None and self.registration is not None
+        assert self.storage is not None
+        probe = self.context.disk_usage if self.context.disk_usage is not None \
+            else _default_disk_usage
+        watch = DiskWatch(self.storage, cfg, probe, self.context.offload, self.log)
+        machine = self.state_machine
         while True:
-            used_max = 0.0
-            for part in self.storage.per_directory:
-                free, total = part.disk_usage()  # cached by storage, refreshed off-loop
-                used = 1 - free / total if total else 0.0
-                j_free, j_total = await asyncio.to_thread(_statvfs, part.journal_dir)
-                used = max(used, 1 - j_free / j_total if j_total else 0.0)
-                used_max = max(used_max, used)
-                full = disk_read_only(part.full, used, cfg.disk_usage_threshold,
-                                      cfg.disk_usage_lwm_threshold)
-                if full != part.full:
-                    part.full = full
-                    self.log.warning("ledger directory full: its ledgers take no adds"
-                                     if full else "ledger directory writable again",
-                                     ledger_dir=str(part.ledger_dir),
-                                     journal_dir=str(part.journal_dir),
-                                     disk_used=round(used, 4))
-            want = all(part.full for part in self.storage.per_directory)
-            journal_failed = self.storage.journal_failed
-            if want != self.read_only_for_disk or (journal_failed and not self.journal_failed):
-                self.read_only_for_disk = want
-                self.journal_failed = journal_failed
-                self.log.warning("turning read-only" if want or journal_failed
-                                 else "turning writable", disk_used=round(used_max, 4),
-                                 journal_failed=journal_failed,
+            report = await watch.check()
+            if report.all_full != (ReadOnlyReason.DISK_FULL in machine.reasons):
+                self.log.warning("turning read-only" if report.all_full
+                                 else "disk usage below the low mark",
+                                 disk_used=round(report.used_max, 4),
                                  threshold=cfg.disk_usage_threshold,
                                  lwm_threshold=cfg.disk_usage_lwm_threshold)
+            await self._publish_quietly(machine.disk_full(report.all_full))
+            if report.journal_failed:
+                await self._publish_quietly(machine.journal_failed())
+            pending = machine.pending_publish()
+            if pending is not None and self.registration is not None:
                 try:
-                    await self.set_read_only(bool(self.read_only_reasons()))
-                except BKError as exc:  # the store is unreachable: try again next round
-                    self.log.warning("could not switch read-only mode", error=str(exc))
-                    self.read_only_for_disk = not want
+                    await self.registration.set_readonly(pending)
+                    machine.published(pending)
+                except BKError as exc:
+                    self.log.warning("could not switch read-only mode", error=str(exc),
+                                     read_only=pending)
             await self.clock.sleep(cfg.disk_check_interval_s)
 
     def read_only_reasons(self) -> list[str]:
         """Why the bookie is (or should be) read-only; empty when it should be writable."""
-        reasons = []
-        if self.config.read_only:
-            reasons.append("config")
-        if self.read_only_for_disk:
-            reasons.append("disk_full")
-        if self.journal_failed:
-            reasons.append("journal_failed")
-        if self.read_only_manual:
-            reasons.append("maintenance")
-        return reasons
+        return [r.value for r in self.state_machine.reasons]
 
     async def set_manual_read_only(self, read_only: bool) -> None:
         """Read-only for maintenance (HTTP admin), or back; other reasons still hold."""
-        self.read_only_manual = read_only
-        self.log.warning("read-only for maintenance" if read_only else "maintenance ended",
-                         reasons=self.read_only_reasons())
-        await self.set_read_only(bool(self.read_only_reasons()))
+        await self.set_maintenance(read_only)
 
-    async def set_read_only(self, read_only: bool) -> None:
-        """Switch between writable and read-only (registration moves with it)."""
-        assert self.registration is not None and self.processor is not None
-        if self.processor.state in (BookieState.WRITABLE, BookieState.READ_ONLY):
-            self.processor.state = BookieState.READ_ONLY if read_only else BookieState.WRITABLE
-        await self.registration.set_readonly(read_only)
-
-    def _on_registration_change(self, registered: bool) -> None:
-        if self.processor is None or self._stopping:
-            return
+    def on_registration_change(self, registered: bool) -> None:
+        """What the registration reports: registered (again), or its lease lost."""
+        machine = self.state_machine
         if registered:
-            self.processor.state = (BookieState.READ_ONLY if self.registration
-                                    and self.registration.readonly else BookieState.WRITABLE)
+            flag = self.registration.readonly if self.registration is not None \
+                else machine.read_only
+            change = machine.registered(flag)
         else:
-            self.processor.state = BookieState.UNREGISTERED
+            change = machine.lease_lost()
+        self._apply(change)
+
+    # ------------------------------------------------------------------ admin
+
+    def state_view(self) -> StateView:
+        return StateView(self.state_machine.state, tuple(self.read_only_reasons()))
+
+    def directories(self) -> tuple[str, str]:
+        return self.config.journal_dir, self.config.ledger_dir
+
+    def listener_figures(self) -> ListenerFigures | None:
+        if self.listener is None:
+            return None
+        return ListenerFigures(len(self.listener.connections), self.listener.protocol_errors)
+
+    def processor_figures(self) -> ProcessorFigures | None:
+        p = self.processor
+        if p is None:
+            return None
+        return ProcessorFigures(p.counters, p.add_latency, p.read_latency)
+
+    def storage_statistics(self) -> dict[str, Any] | None:
+        return self.storage.statistics() if self.storage is not None else None
+
+    def journal_figures(self) -> JournalFigures | None:
+        if self.storage is None:
+            return None
+        journals = [part.journal for part in self.storage.per_directory]
+        return JournalFigures(
+            LatencyHistogram.merged([j.fsync_latency for j in journals]),
+            LatencyHistogram.merged([j.batch_records for j in journals]))
+
+    async def set_maintenance(self, read_only: bool) -> StateView:
+        """Read-only for maintenance (HTTP admin), or back; other reasons still hold.
+        BKError when the registry could not be updated (retried by the disk watch)."""
+        change = self.state_machine.maintenance(read_only)
+        self.log.warning("read-only for maintenance" if read_only else "maintenance ended",
+                         reasons=[r.value for r in change.reasons])
+        await self._publish(change)
+        return self.state_view()
+
+    def gc_statistics(self) -> dict[str, Any] | None:
+        return self.gc.statistics() if self.gc is not None else None
+
+    async def run_gc(self) -> dict[str, Any] | None:
+        if self.gc is None:
+            return None
+        done = await self.gc.run_once(force_compaction=True)
+        return {**done, **self.gc.statistics()}
+
+    # ------------------------------------------------------------------ stop
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
     async def stop(self) -> None:
-        """Graceful stop (idempotent)."""
-        if self._stopping:
-            await self._stopped.wait()
-            return
-        self._stopping = True
-        self.log.info("bookie stopping")
-        try:
-            if self.processor is not None:
-                self.processor.state = BookieState.DRAINING
-            if self.listener is not None:
-                await self.listener.stop_accepting()
-            if self.processor is not None:
-                drained = await self.processor.drain(self.config.drain_timeout_s)
-                if not drained:
-                    self.log.warning("drain timed out; unanswered adds will be retried by clients")
-        finally:
-            await self._close_parts()
-            self._stopped.set()
-            self.log.info("bookie stopped")
+        """Graceful stop (idempotent: a second call waits for the first)."""
+        await self._stop_once(graceful=True)
 
-    async def _close_parts(self) -> None:
+    async def abort(self) -> None:
+        """Stop as if the process had been killed (the simulator's crash): nothing is
+        drained, flushed, checkpointed or revoked (the lease is left to expire), and
+        the directory lock goes with the process.  Idempotent (and nothing after a
+        stop)."""
+        await self._stop_once(graceful=False)
+
+    async def _stop_once(self, *, graceful: bool) -> None:
+        if self._stop_task is None:
+            self._stop_task = asyncio.get_running_loop().create_task(
+                self._stop(graceful), name="asyncbk-bookie-stop")
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self, graceful: bool) -> None:
+        try:
+            if graceful:
+                self.log.info("bookie stopping")
+                self._apply(self.state_machine.drain())
+                if self._acceptor is not None:
+                    await self._acceptor.stop_accepting()
+                if self.processor is not None:
+                    drained = await self.processor.drain(self.config.drain_timeout_s)
+                    if not drained:
+                        self.log.warning("drain timed out; unanswered adds will be retried "
+                                         "by clients")
+        finally:
+            await self._close_parts(graceful=graceful)
+            self._apply(self.state_machine.close())
+            self._stopped.set()
+            if graceful:
+                self.log.info("bookie stopped")
+
+    async def _close_parts(self, *, graceful: bool) -> None:
         if self.reloader is not None:
             await self.reloader.close()
         if self.http is not None:
             await self.http.close()
             self.http = None
-        if self._gc_task is not None:
-            self._gc_task.cancel()
-            await asyncio.gather(self._gc_task, return_exceptions=True)
-            self._gc_task = None
-        if self._disk_task is not None:
-            self._disk_task.cancel()
-            await asyncio.wait([self._disk_task])
-            self._disk_task = None
-        if self.storage is not None:
-            await self.storage.close()
-        if self.registration is not None:
-            await self.registration.close()
+        for task in (self._gc_task, self._disk_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._gc_task = self._disk_task = None
+        if graceful:
+            if self.storage is not None:
+                await self.storage.close()
+            if self.registration is not None:
+                await self.registration.close()
+        else:
+            if self.registration is not None:
+                await self.registration.abandon()
+            if self.storage is not None:
+                await self.storage.abort()
         if self.listener is not None:
             await self.listener.close()
         if self.processor is not None:
@@ -344,6 +458,7 @@ class BookieServer:
             await self.meta.close()
         if self._lock is not None:
             self._lock.release()
+            self._lock = None
 
     def statistics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"bookie_id": self.bookie_id}
@@ -359,15 +474,10 @@ def _statvfs(path: Path) -> tuple[int, int]:
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
-def disk_read_only(read_only_now: bool, used: float, threshold: float,
-                   lwm_threshold: float) -> bool:
-    """Hysteresis: read-only at ``threshold`` and above; writable again only below
-    ``lwm_threshold``; in between, stay as we are."""
-    if used >= threshold:
-        return True
-    if used < lwm_threshold:
-        return False
-    return read_only_now
+def _default_disk_usage(path: Path) -> tuple[int, int]:
+    """The disk probe of a bookie whose context names none: ``statvfs`` (looked up at
+    each call)."""
+    return _statvfs(path)
 
 
 async def run_bookie(config: BookieConfig, ready_line: bool = True,
@@ -425,3 +535,6 @@ def _tls_contexts(cfg: BookieConfig) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     return (server_context(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_ca_file,
                            cfg.tls_require_client_cert),
             server_context(cfg.tls_cert_file, cfg.tls_key_file))
+
+
+__all__ = ["BookieServer", "Companion", "disk_read_only", "run_bookie"]

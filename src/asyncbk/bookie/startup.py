@@ -5,6 +5,10 @@ Without them, a second bookie started by mistake on the port of a live one
 (with other, empty directories) would get as far as the cookie check and be
 told its disk was wiped, with advice to delete the cookie of the *live*
 bookie.  So the order is: the port, then the registry, then the cookie.
+
+The network is a seam (:class:`BookieNetwork`): is a port free, does an address
+answer, and listening itself.  The bookie runs :data:`OS_NETWORK` (sockets); the
+simulator its simulated network.
 """
 
 from __future__ import annotations
@@ -15,9 +19,13 @@ import errno
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ConfigError, CookieError
 from ..meta.api import BookieRegistry
+
+if TYPE_CHECKING:
+    from ..net.server import BookieListener
 
 PROBE_TIMEOUT_S = 2.0
 """How long a connection to a registered bookie's address may take to say it is alive."""
@@ -109,21 +117,71 @@ async def _answers(host: str, port: int, timeout_s: float) -> bool:
     return True
 
 
+class Acceptor(Protocol):
+    """A listening endpoint (what :meth:`BookieNetwork.listen` returns)."""
+
+    async def stop_accepting(self) -> None:
+        """Refuse new connections (those accepted go on)."""
+        ...
+
+
+class BookieNetwork(Protocol):
+    """The bookie's network seam: the checks before start, and listening."""
+
+    async def port_free(self, host: str, port: int) -> bool:
+        """Whether a listener could bind ``host:port`` now."""
+        ...
+
+    async def port_in_use_message(self, port: int, option: str) -> str:
+        """``port P is in use (by ...), choose another OPTION``."""
+        ...
+
+    async def answers(self, host: str, port: int, timeout_s: float) -> bool:
+        """Whether something accepts connections at ``host:port`` within ``timeout_s``."""
+        ...
+
+    async def listen(self, listener: BookieListener, host: str, port: int) -> Acceptor:
+        """Start accepting connections for ``listener`` at ``host:port``."""
+        ...
+
+
+class OsNetwork:
+    """:class:`BookieNetwork` over real sockets."""
+
+    async def port_free(self, host: str, port: int) -> bool:
+        return await asyncio.to_thread(port_free, host, port)
+
+    async def port_in_use_message(self, port: int, option: str) -> str:
+        return await asyncio.to_thread(port_in_use_message, port, option)
+
+    async def answers(self, host: str, port: int, timeout_s: float) -> bool:
+        return await _answers(host, port, timeout_s)
+
+    async def listen(self, listener: BookieListener, host: str, port: int) -> Acceptor:
+        await listener.start(host, port)
+        return listener
+
+
+OS_NETWORK = OsNetwork()
+
+
 async def check_not_running(meta: BookieRegistry, bookie_id: str, host: str, port: int,
-                            probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
+                            probe_timeout_s: float = PROBE_TIMEOUT_S, *,
+                            network: BookieNetwork = OS_NETWORK) -> None:
     """Refuse to start (ConfigError / CookieError) when the listen port is taken or a
     bookie with this id is registered and answering.  A registration left by a
     bookie that died moments ago (its lease has not expired yet, nothing answers at
     its address) does not count: that is the restart of a crashed bookie."""
-    free = await asyncio.to_thread(port_free, host, port)
+    free = await network.port_free(host, port)
     registered = bookie_id in await meta.list_bookies()
     if registered:
         id_host, _, id_port = bookie_id.rpartition(":")
-        live = not free or await _answers(id_host.strip("[]"), int(id_port), probe_timeout_s)
+        live = not free or await network.answers(id_host.strip("[]"), int(id_port),
+                                                 probe_timeout_s)
         if live:
             raise CookieError(
                 f"a bookie with id {bookie_id} is already registered and running; this is a "
                 f"second process with the same id. Leave the running one alone: to start "
                 f"another bookie, give it its own --port and directories.")
     if not free:
-        raise ConfigError(await asyncio.to_thread(port_in_use_message, port, "--port"))
+        raise ConfigError(await network.port_in_use_message(port, "--port"))

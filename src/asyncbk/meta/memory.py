@@ -88,7 +88,9 @@ class MemoryMetadataState:
         self._kv: dict[str, _Entry] = {}
         self._leases: dict[int, _Lease] = {}
         self._next_lease_id = LEASE_ID_FIRST
-        self._waiters: set[asyncio.Event] = set()
+        self._waiters: dict[asyncio.Event, None] = {}
+        """Watchers' events, in the order they came (a set's order would follow their
+        addresses: the simulator replays a seed only if watchers wake in one order)."""
 
     # --- revisions and change notification -------------------------------
 
@@ -103,10 +105,10 @@ class MemoryMetadataState:
             event.set()
 
     def add_waiter(self, event: asyncio.Event) -> None:
-        self._waiters.add(event)
+        self._waiters[event] = None
 
     def remove_waiter(self, event: asyncio.Event) -> None:
-        self._waiters.discard(event)
+        self._waiters.pop(event, None)
 
     # --- keys ---------------------------------------------------------------
 
@@ -244,7 +246,7 @@ class MemoryMetadataStore:
         self.root = keys.normalize_root(root)
         self.state = state
         self._closed = False
-        self._waiters: set[asyncio.Event] = set()
+        self._waiters: dict[asyncio.Event, None] = {}  # in order (see the state's)
 
     async def _enter(self) -> None:
         """Start of every call: refuse if closed, let others run, expire leases."""
@@ -388,7 +390,7 @@ class MemoryMetadataStore:
         await self._enter()
         changed = asyncio.Event()
         self.state.add_waiter(changed)
-        self._waiters.add(changed)
+        self._waiters[changed] = None
         last: dict[BookieId, BookieRegistration] | None = None
         try:
             while not self._closed:
@@ -402,7 +404,7 @@ class MemoryMetadataStore:
                 await self._wait_for_change(changed)
         finally:
             self.state.remove_waiter(changed)
-            self._waiters.discard(changed)
+            self._waiters.pop(changed, None)
 
     async def _wait_for_change(self, changed: asyncio.Event) -> None:
         """Until ``changed`` is set or the next lease is due, whichever is first."""

@@ -1,54 +1,67 @@
 """Deterministic simulation: virtual time, a simulated network and simulated disks.
 
 The real client (:class:`~asyncbk.client.client.BookKeeper`, ledger handles,
-recovery) and the real bookie request processor and registration run
-unchanged on top of these parts:
+recovery) and the real bookie run unchanged on top of these parts:
 
 * :class:`SimEventLoop`: an asyncio event loop whose clock is virtual.  When
   nothing is ready to run, time jumps to the next timer instead of waiting,
   so a run that spans minutes of timeouts takes milliseconds; when nothing is
   ready and no timer is set, the run is stuck and :class:`SimulationStalled`
-  is raised (a deadlock is a finding, not a hang).
+  is raised (a deadlock is a finding, not a hang).  :data:`SIM_CLOCK` is its
+  clock, wall time included (a fixed epoch plus virtual time), for every part.
 * :class:`SimNetwork`: TCP-like links (in order per direction, a latency per
   chunk drawn from the seeded RNG) plugged into the client through its
-  connector seam; partitions hold traffic until healed; a crashed bookie's
-  links are reset.
-* :class:`SimBookie`: the real ``LedgerStorage`` (group-committed journal, entry
-  logs, index, checkpoints, start-up recovery) over a
-  :class:`~asyncbk.testing.simfs.SimFileSystem` per bookie, whose blocking calls
-  run inline after a simulated delay (:class:`~asyncbk.testing.simfs.InlineOffload`)
-  (with ``index_backend = "lmdb"``, the on-disk index on a
-  :class:`~asyncbk.testing.simkv.SimKVStore` that crashes with it);
-  a crash loses what was not fsynced (or, torn, keeps a random part of it) and the
-  restart runs the real recovery; + the real request processor + lease
-  registration in the shared in-memory metadata store (leases expire in virtual
-  time).
+  connector seam and into the bookie through its network seam
+  (:class:`~asyncbk.bookie.startup.BookieNetwork`: port checks, listening);
+  partitions hold traffic until healed; a crashed bookie's links are reset.
+* :class:`SimBookie`: the bookie's real composition root,
+  :class:`~asyncbk.bookie.server.BookieServer`, started over a
+  :class:`~asyncbk.testing.simfs.SimFileSystem` per bookie (its file seam, disk
+  probe and directory lock), whose blocking calls run inline after a simulated
+  delay (:class:`~asyncbk.testing.simfs.InlineOffload`), on the shared in-memory
+  metadata store (leases expire in virtual time): the port and namesake checks,
+  the directory lock, the cookie, one or several ledger directories (with
+  ``index_backend = "lmdb"``, each one's index on a
+  :class:`~asyncbk.testing.simkv.SimKVStore` that crashes with it), the request
+  processor, lease registration, the disk watch switching read-only and back,
+  garbage collection and compaction.  A crash loses what was not fsynced (or,
+  torn, keeps a random part of it) and the restart runs the real recovery.
+* :meth:`SimCluster.start_autorecovery`: an auto-recovery process (auditor and
+  replication worker) with a client of its own.
 
-Every random choice comes from one ``random.Random(seed)``, and nothing here
-iterates a set or dict whose order depends on hashing of addresses, so a
-seed replays the same run.  No threads are used anywhere in a simulated run
-(their results would arrive at real, not virtual, times).
+Every random choice comes from one ``random.Random(seed)`` (each bookie, client
+and worker gets its own generator drawn from it), and nothing here iterates a set
+or dict whose order depends on hashing of addresses, so a seed replays the same
+run.  No threads are used anywhere in a simulated run (their results would arrive
+at real, not virtual, times).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import selectors
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from ..bookie.processor import BookieState, RequestProcessor
+from ..bookie.context import BookieContext
+from ..bookie.processor import RequestProcessor
 from ..bookie.registration import Registration
-from ..bookie.storage import LedgerStorage
-from ..clock import LOOP_CLOCK
+from ..bookie.server import BookieServer
+from ..bookie.startup import Acceptor
+from ..bookie.state import BookieState, Change
+from ..bookie.storage import LedgerStorage, MultiDirStorage
+from ..bookie.storage.api import Storage
+from ..clock import LoopClock
 from ..config import BookieConfig
+from ..meta.api import MetadataStore
 from ..meta.memory import MemoryMetadataState, MemoryMetadataStore
 from ..net.server import BookieListener, ServerConnection
 from ..types import BookieId
 from .simfs import InlineOffload, SimFileSystem
-from .simkv import SimKVStore
+from .simkv import SimKV, SimKVStore
 
 SIM_STORAGE_CONFIG: dict[str, Any] = {
     "journal_file_bytes_max": 16 * 1024,
@@ -95,6 +108,38 @@ class SimEventLoop(asyncio.SelectorEventLoop):
         self._now += seconds
 
 
+SIM_BOOKIE_CONFIG: dict[str, Any] = {
+    **SIM_STORAGE_CONFIG,
+    "lease_ttl_s": 3,
+    "journal_queue_entries_max": 4096,
+    "disk_check_interval_s": 0.2,
+    "gc_interval_s": 1.0,
+    "minor_compaction_interval_s": 2.0,
+    "major_compaction_interval_s": 6.0,
+    "compaction_rate_bytes_per_s": 0.0,
+    "gc_tombstone_s": 60.0,
+    "drain_timeout_s": 2.0,
+    "register_retry_s_max": 1.0,
+}
+"""A simulated cluster's bookies: :data:`SIM_STORAGE_CONFIG`, and the disk watch, garbage
+collection and compaction every few virtual seconds, so that a run exercises them."""
+
+SIM_EPOCH_S = 1_700_000_000.0
+"""The simulated wall clock's time at virtual time 0."""
+
+
+class SimClock(LoopClock):
+    """The clock of a simulated run: the loop's virtual time, and a wall clock that
+    moves with it (from :data:`SIM_EPOCH_S`), so that tombstone ages, under-replication
+    marks and lease expiry all follow virtual time."""
+
+    def wall_s(self) -> float:
+        return SIM_EPOCH_S + asyncio.get_running_loop().time()
+
+
+SIM_CLOCK = SimClock()
+
+
 # --------------------------------------------------------------------------- network
 
 
@@ -122,6 +167,10 @@ class SimTransport(asyncio.Transport):
 
     def is_closing(self) -> bool:
         return self._closing
+
+    def mark_closed(self) -> None:
+        """Its link went down: later writes are dropped."""
+        self._closing = True
 
     def pause_reading(self) -> None:
         self.reading_paused = True
@@ -198,7 +247,7 @@ class _Link:
         self.alive = False
         self.net.links.pop(self.number, None)
         for t in self.transports:
-            t._closing = True
+            t.mark_closed()
         loop = self.net.loop
         for p in self.protocols:
             loop.call_soon(p.connection_lost, ConnectionResetError(f"sim: {why}"))
@@ -211,9 +260,13 @@ class SimNetwork:
         self.rng = rng
         self._latency = latency_s
         self.bookies: dict[BookieId, SimBookie] = {}
+        self.listeners: dict[BookieId, BookieListener] = {}
+        """What listens at each bookie address (the bookies' network seam fills it)."""
         self.links: dict[int, _Link] = {}
         self._partitions: set[tuple[str, str]] = set()
         self._next_link = 0
+        self.bookie_network = SimBookieNetwork(self)
+        """The bookies' :class:`~asyncbk.bookie.startup.BookieNetwork`."""
 
     def latency_s(self) -> float:
         return self.rng.uniform(*self._latency)
@@ -239,16 +292,22 @@ class SimNetwork:
             if endpoint in link.endpoints:
                 link.reset(f"{endpoint} went away")
 
+    def unplug(self, bookie_id: BookieId) -> None:
+        """The bookie's process is gone: nothing listens at its address any more and
+        its connections are reset."""
+        self.listeners.pop(bookie_id, None)
+        self.reset_links(bookie_id)
+
     def connector(self, client: str) -> Callable[..., Any]:
         async def connect(bookie_id: BookieId, factory: Callable[[], asyncio.Protocol]) -> Any:
             await asyncio.sleep(self.latency_s())
             while self.is_partitioned(client, bookie_id):  # noqa: ASYNC110 - SYN retries
                 await asyncio.sleep(0.05)  # SYNs retried until healed or the caller times out
-            bookie = self.bookies.get(bookie_id)
-            if bookie is None or not bookie.up:
+            listener = self.listeners.get(bookie_id)
+            if listener is None:
                 raise ConnectionRefusedError(f"sim: {bookie_id} is down")
             client_protocol = factory()
-            server_protocol = bookie.new_connection()
+            server_protocol = ServerConnection(listener)
             self._next_link += 1
             link = _Link(self, self._next_link, client, bookie_id,
                          (client_protocol, server_protocol))
@@ -260,93 +319,216 @@ class SimNetwork:
         return connect
 
 
+class _SimAcceptor:
+    def __init__(self, net: SimNetwork, bookie_id: BookieId, listener: BookieListener) -> None:
+        self._net = net
+        self._id = bookie_id
+        self._listener = listener
+
+    async def stop_accepting(self) -> None:
+        if self._net.listeners.get(self._id) is self._listener:
+            del self._net.listeners[self._id]
+
+
+class SimBookieNetwork:
+    """The bookies' network seam on a :class:`SimNetwork`: an address is taken while a
+    bookie listens there."""
+
+    def __init__(self, net: SimNetwork) -> None:
+        self._net = net
+
+    async def port_free(self, host: str, port: int) -> bool:
+        return f"{host}:{port}" not in self._net.listeners
+
+    async def port_in_use_message(self, port: int, option: str) -> str:
+        return f"port {port} is in use (by another simulated bookie), choose another {option}"
+
+    async def answers(self, host: str, port: int, timeout_s: float) -> bool:
+        await asyncio.sleep(min(timeout_s, self._net.latency_s()))
+        return f"{host}:{port}" in self._net.listeners
+
+    async def listen(self, listener: BookieListener, host: str, port: int) -> Acceptor:
+        bookie_id = f"{host}:{port}"
+        if bookie_id in self._net.listeners:
+            raise OSError(f"sim: {bookie_id} is in use")
+        self._net.listeners[bookie_id] = listener
+        return _SimAcceptor(self._net, bookie_id, listener)
+
+
 # --------------------------------------------------------------------------- bookie
 
 
+class SimKVStores:
+    """The on-disk index stores of one bookie's ledger directories (``index_backend =
+    "lmdb"``), one :class:`SimKVStore` per directory; they survive its crashes."""
+
+    def __init__(self, rng: random.Random, fs: SimFileSystem) -> None:
+        self._rng = rng
+        self._fs = fs
+        self.stores: dict[str, SimKVStore] = {}
+
+    def open(self, path: Path) -> SimKV:
+        store = self.stores.get(str(path))
+        if store is None:
+            store = self.stores[str(path)] = SimKVStore(
+                random.Random(self._rng.getrandbits(64)), self._fs)
+        return store.open(path)
+
+    def crash(self) -> None:
+        for _, store in sorted(self.stores.items()):
+            store.crash()
+
+
 class SimBookie:
-    """One bookie: the real :class:`LedgerStorage` (journal, entry logs, index,
-    checkpoints, recovery) on its own :class:`SimFileSystem`, which survives its
-    crashes; the real request processor; lease registration."""
+    """One bookie: the real :class:`~asyncbk.bookie.server.BookieServer` on its own
+    :class:`SimFileSystem`, which survives its crashes, on the simulated network and
+    the shared in-memory metadata store (module docstring).  ``ledger_dirs``: how many
+    ledger directories it has (one journal directory)."""
 
     def __init__(self, bookie_id: BookieId, net: SimNetwork, meta_state: MemoryMetadataState,
-                 config: BookieConfig, fsync_s: tuple[float, float] = (0.0001, 0.002)) -> None:
+                 config: BookieConfig, fsync_s: tuple[float, float] = (0.0001, 0.002), *,
+                 ledger_dirs: int = 1,
+                 on_state_change: Callable[[str, Change], None] | None = None) -> None:
         self.id = bookie_id
         self.net = net
         self.meta_state = meta_state
-        self.config = config
+        host, _, port = bookie_id.rpartition(":")
+        root = Path("/") / bookie_id.replace(":", "_")
+        ledgers = [root / "ledgers"] + [root / f"ledgers{i}" for i in range(1, ledger_dirs)]
+        self.config = dataclasses.replace(
+            config, metadata_uri="memory://sim", host=host, port=int(port),
+            advertised_host="", journal_dir=str(root / "journal"),
+            ledger_dir=",".join(str(d) for d in ledgers), http_enabled=False)
         self.fs = SimFileSystem(random.Random(net.rng.getrandbits(64)))
         self.offload = InlineOffload(self.fs.rng, fsync_s)
-        self.kv = (SimKVStore(random.Random(net.rng.getrandbits(64)), self.fs)
+        """Every blocking call of the bookie waits this long (virtual), then runs inline."""
+        self.kv = (SimKVStores(random.Random(net.rng.getrandbits(64)), self.fs)
                    if config.index_backend == "lmdb" else None)
-        """The on-disk index's store (index_backend = "lmdb"): no real LMDB here."""
-        """Every blocking call of the storage waits this long (virtual), then runs inline."""
+        """The on-disk indexes (index_backend = "lmdb"): no real LMDB here."""
+        self.rng = random.Random(net.rng.getrandbits(64))
+        """The bookie's randomness (registration back-off)."""
+        self._on_state_change = on_state_change
+        self.server: BookieServer | None = None
         self.up = False
-        self.storage: LedgerStorage | None = None
-        self.processor: RequestProcessor | None = None
-        self.listener: BookieListener | None = None
-        self.registration: Registration | None = None
+        self.starting = False
+        """A process of this bookie is starting (:meth:`start` under way)."""
+        self.lost = False
+        """Gone for good (:meth:`lose`): its disks are no longer counted."""
         self.restarts = 0
+        net.bookies[bookie_id] = self
+
+    @property
+    def ledger_dirs(self) -> list[Path]:
+        return [Path(d) for d in self.config.ledger_dirs]
+
+    @property
+    def processor(self) -> RequestProcessor | None:
+        return self.server.processor if self.server is not None else None
+
+    @property
+    def storage(self) -> Storage | None:
+        return self.server.storage if self.server is not None else None
+
+    @property
+    def registration(self) -> Registration | None:
+        return self.server.registration if self.server is not None else None
+
+    @property
+    def listener(self) -> BookieListener | None:
+        return self.server.listener if self.server is not None else None
+
+    @property
+    def state(self) -> BookieState:
+        return self.server.state if self.server is not None else BookieState.CLOSED
+
+    def context(self) -> BookieContext:
+        """The seams of a new process of this bookie (a fresh mount of its disks)."""
+        return BookieContext(
+            clock=SIM_CLOCK, rng=self.rng, open_metadata=self._open_metadata,
+            io=self.fs.mount(), offload=self.offload,
+            kv_open=self.kv.open if self.kv is not None else None,
+            disk_usage=self.fs.disk_usage, device_of=_one_device,
+            lock_directories=self.fs.lock, resolve=_as_given,
+            network=self.net.bookie_network, log=_QUIET_LOG,
+            on_state_change=self._on_state_change)
+
+    async def _open_metadata(self, config: BookieConfig) -> MetadataStore:
+        return MemoryMetadataStore(state=self.meta_state)
 
     async def start(self) -> None:
-        root = Path("/") / self.id.replace(":", "_")
-        self.storage = await LedgerStorage.open(
-            root / "journal", root / "ledgers", self.config, log=_QUIET_LOG, clock=LOOP_CLOCK,
-            io=self.fs.mount(), offload=self.offload,
-            kv_open=self.kv.open if self.kv is not None else None)
-        self.processor = RequestProcessor(self.storage, self.id, log=_QUIET_LOG)
-        self.listener = BookieListener(self.processor, frame_bytes_max=self.config.frame_bytes_max,
-                                       write_buffer_bytes_high=1 << 30, connections_max=10_000)
-        processor = self.processor
-
-        def on_change(registered: bool) -> None:
-            processor.state = BookieState.WRITABLE if registered else BookieState.UNREGISTERED
-
-        self.registration = Registration(
-            MemoryMetadataStore(state=self.meta_state), self.id, self.config.lease_ttl_s,
-            on_change=on_change, clock=LOOP_CLOCK)
-        self.net.bookies[self.id] = self
+        """Start a new process of this bookie (its composition root, every check
+        included); raises what the bookie's start raises."""
+        self.starting = True
+        try:
+            self.server = BookieServer(self.config, context=self.context())
+            await self.server.start()
+        finally:
+            self.starting = False
         self.up = True
-        await self.registration.start()
-
-    def new_connection(self) -> ServerConnection:
-        assert self.listener is not None
-        return ServerConnection(self.listener)
 
     def stored_entries(self, ledger_id: int) -> set[int]:
         """The entry ids of ``ledger_id`` the storage holds (indexed, so readable)."""
-        if self.storage is None:
+        storage = self.storage
+        if storage is None or self.lost:
             return set()
-        return set(self.storage.entry_ids(ledger_id))
+        return set(cast("LedgerStorage | MultiDirStorage", storage).entry_ids(ledger_id))
+
+    def stored_ledgers(self) -> set[int]:
+        storage = self.storage
+        if storage is None or self.lost:
+            return set()
+        return set(storage.ledger_ids())
 
     async def crash(self, torn: bool) -> None:
         """SIGKILL and power cut: links reset; the disks lose what was not synced
         (``torn``: keep a random part of it); the lease is left to expire."""
         self.up = False
-        self.net.reset_links(self.id)
+        self.net.unplug(self.id)
         self.fs.crash(torn)
         if self.kv is not None:
             self.kv.crash()
-        if self.registration is not None:
-            await self.registration.abandon()
-        if self.processor is not None:
-            await self.processor.close()
-        if self.storage is not None:
-            # The process is gone: its storage's tasks end, its calls fail (dead mount).
-            await self.storage.abort()
+        if self.server is not None:
+            # The process is gone: its tasks end, its calls fail (dead mount).
+            await self.server.abort()
 
     async def restart(self) -> None:
+        """Start it again after a crash or a stop (nothing when it runs or is starting)."""
+        if self.up or self.starting:
+            return
         self.restarts += 1
         await self.start()
 
+    async def lose(self) -> None:
+        """The machine is gone for good (crashed, never to come back)."""
+        self.lost = True
+        await self.crash(torn=False)
+
+    def refuse_adds(self) -> None:
+        """As if its lease were lost: adds refused (NOT_READY), reads served."""
+        if self.server is not None:
+            self.server.on_registration_change(False)
+
+    def take_adds(self) -> None:
+        """End :meth:`refuse_adds` (when the registration still holds)."""
+        server = self.server
+        if server is not None and self.up and server.registration is not None \
+                and server.registration.registered:
+            server.on_registration_change(True)
+
     async def stop(self) -> None:
+        """Graceful stop (SIGTERM)."""
         self.up = False
-        self.net.reset_links(self.id)
-        if self.registration is not None:
-            await self.registration.close()
-        if self.processor is not None:
-            await self.processor.close()
-        if self.storage is not None:
-            await self.storage.close()
+        if self.server is not None:
+            await self.server.stop()
+        self.net.unplug(self.id)
+
+
+def _one_device(path: Path) -> int:
+    return 0  # one simulated file system per bookie
+
+
+def _as_given(path: Path) -> Path:
+    return path  # simulated paths are absolute already
 
 
 class QuietLog:
@@ -364,7 +546,8 @@ class QuietLog:
 _QUIET_LOG = QuietLog()
 
 
-__all__ = ["SimBookie", "SimEventLoop", "SimNetwork", "SimulationStalled"]
+__all__ = ["SIM_BOOKIE_CONFIG", "SIM_CLOCK", "SIM_STORAGE_CONFIG", "SimBookie", "SimClock",
+           "SimEventLoop", "SimNetwork", "SimulationStalled"]
 
 
 # --------------------------------------------------------------------------- cluster
@@ -399,32 +582,45 @@ class BlockableStore(MemoryMetadataStore):
 
 class SimCluster:
     """Bookies, network and metadata for a simulated run (see the module docstring).
+    ``ledger_dirs``: ledger directories per bookie; ``trace``: told of every change of
+    a bookie's state (``"b1:3181 writable -> readonly [disk_full]"``).
 
     Must be created and used inside a running :class:`SimEventLoop`.
     """
 
     def __init__(self, seed: int, bookies: int, *, bookie_config: BookieConfig | None = None,
-                 latency_s: tuple[float, float] = (0.00005, 0.001)) -> None:
+                 latency_s: tuple[float, float] = (0.00005, 0.001), ledger_dirs: int = 1,
+                 trace: Callable[[str], None] | None = None) -> None:
         loop = asyncio.get_running_loop()
         if not isinstance(loop, SimEventLoop):
             raise RuntimeError("SimCluster needs a SimEventLoop")
         self.rng = random.Random(seed)
         self.loop = loop
-        self.state = MemoryMetadataState(clock=LOOP_CLOCK)
+        self.clock = SIM_CLOCK
+        self.state = MemoryMetadataState(clock=SIM_CLOCK)
         self.net = SimNetwork(loop, self.rng, latency_s)
         self.history: list[Any] = []
-        self.bookie_config = bookie_config or BookieConfig(
-            lease_ttl_s=3, journal_queue_entries_max=4096, **SIM_STORAGE_CONFIG).validate()
-        self.bookies = [SimBookie(f"b{i}:3181", self.net, self.state, self.bookie_config)
+        self.trace = trace
+        self.bookie_config = bookie_config or BookieConfig(**SIM_BOOKIE_CONFIG).validate()
+        self.bookies = [SimBookie(f"b{i}:3181", self.net, self.state, self.bookie_config,
+                                  ledger_dirs=ledger_dirs, on_state_change=self._state_changed)
                         for i in range(bookies)]
         self.clients: list[Any] = []
+        self.autorecovery: list[Any] = []
+        """The auto-recovery processes started (:meth:`start_autorecovery`)."""
+
+    def _state_changed(self, bookie_id: str, change: Change) -> None:
+        if self.trace is not None:
+            self.trace(f"{bookie_id} {change.before.value} -> {change.after.value} "
+                       f"[{','.join(r.value for r in change.reasons)}]")
 
     async def start(self) -> None:
         for b in self.bookies:
             await b.start()
 
     def client(self, name: str, config: Any = None) -> Any:
-        """A BookKeeper client named ``name`` on the simulated network."""
+        """A BookKeeper client named ``name`` on the simulated network, with its own
+        generator drawn from the cluster's seed."""
         from ..client.client import BookKeeper  # testing may import client; kept local
         from ..config import ClientConfig
 
@@ -437,10 +633,30 @@ class SimCluster:
         self.clients.append(bk)
         return bk
 
+    async def start_autorecovery(self, config: Any = None, name: str = "autorecovery",
+                                 client_config: Any = None) -> Any:
+        """An auto-recovery process (auditor candidate and replication worker) named
+        ``name``, with a client of its own on the simulated network; returns its
+        :class:`~asyncbk.autorecovery.service.AutoRecovery` (closed by :meth:`stop`)."""
+        from ..autorecovery.service import AutoRecovery, AutoRecoveryConfig
+
+        cfg = config or AutoRecoveryConfig(lost_bookie_delay_s=2.0, audit_interval_s=5.0,
+                                           open_ledger_grace_s=3.0, rate_entries_per_s=0.0,
+                                           lease_ttl_s=3, election_poll_s=0.5,
+                                           worker_poll_s=0.5, metadata_timeout_s=5.0)
+        ar = AutoRecovery(self.client(name, client_config), cfg, process_id=name,
+                          clock=SIM_CLOCK, rng=random.Random(self.rng.getrandbits(64)),
+                          log=_QUIET_LOG)
+        await ar.start()
+        self.autorecovery.append(ar)
+        return ar
+
     def bookie(self, bookie_id: BookieId) -> SimBookie:
         return next(b for b in self.bookies if b.id == bookie_id)
 
     async def stop(self) -> None:
+        for ar in self.autorecovery:
+            await ar.close()
         for bk in self.clients:
             await bk.close()
         for b in self.bookies:

@@ -26,6 +26,17 @@ Faults on demand: :meth:`SimFileSystem.fail_fsyncs` makes the next fdatasyncs ra
 reached the disk but not the bytes (zeros there after a crash), and no later fsync
 writes them (Linux marks the pages clean), though reads still see them (cached).
 :meth:`SimFileSystem.set_full` makes writes raise ``ENOSPC``.
+:meth:`SimFileSystem.set_usage` makes the disk *look* that full to the bookie's disk
+watch (``disk_usage``; writes still succeed): it turns read-only above its
+threshold and writable again below its low mark.
+:meth:`SimFileSystem.fail_directory` makes one directory fail: every write,
+fsync, creation, rename or removal under it raises ``EIO`` (reads are served; an
+fsync that fails leaves the data durable or lost, as above) until
+:meth:`SimFileSystem.heal_directories` (the disk was replaced or repaired).
+:meth:`SimFileSystem.wipe` removes everything under a directory (a wiped disk).
+
+:meth:`SimFileSystem.lock` is the bookie's directory lock on these disks: a second
+process refuses to start on them while the first runs; a crash releases it.
 
 :class:`InlineOffload` is the :class:`~asyncbk.bookie.fileio.Offload` of a simulated
 run: no threads; a call waits a simulated delay (so an fsync takes virtual time and
@@ -40,10 +51,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
+
+from ..errors import CookieError
 
 T = TypeVar("T")
 
@@ -71,6 +84,7 @@ class _Open:
     file: _File
     mount: SimMount
     writable: bool
+    path: PurePosixPath
 
 
 def _apply(buf: bytearray, op: tuple[str, int, bytes]) -> None:
@@ -95,9 +109,14 @@ class SimFileSystem:
         self._fds: dict[int, _Open] = {}
         self._next_fd = 3
         self._file_numbers = 0
-        self._mount: SimMount | None = None
+        self._mounts: list[SimMount] = []
+        """The mounts of the processes running on these disks (a crash kills them all)."""
         self._fsync_failures = 0
         self._full = False
+        self._usage: float | None = None
+        self._failing: list[PurePosixPath] = []
+        self._locked: dict[str, SimDirectoryLock] = {}
+        """Locked directory -> the lock (of a live process) holding it."""
         self._cut: tuple[int, bool, Callable[[], None] | None] | None = None
         self.ops = 0
         """File operations so far (every call of a mount counts one)."""
@@ -110,17 +129,19 @@ class SimFileSystem:
 
     def mount(self) -> SimMount:
         """A new :class:`~asyncbk.bookie.fileio.FileIO` on these disks (one process)."""
-        self._mount = SimMount(self)
-        return self._mount
+        mount = SimMount(self)
+        self._mounts.append(mount)
+        return mount
 
     def crash(self, torn: bool) -> None:
         """The machine dies: mounts die, unsynced data and directory changes are lost
         (with ``torn``, some survive: module docstring)."""
         self.crashes += 1
-        if self._mount is not None:
-            self._mount.alive = False
-            self._mount = None
+        for mount in self._mounts:
+            mount.alive = False
+        self._mounts = []
         self._fds.clear()
+        self._locked.clear()  # the process that held the directory lock is gone
         rng = self.rng
         for f in self._files:
             if f.unsynced:
@@ -156,6 +177,62 @@ class SimFileSystem:
         """Writes raise ``ENOSPC`` while full."""
         self._full = full
 
+    def set_usage(self, fraction: float | None) -> None:
+        """The disk looks ``fraction`` full to ``disk_usage`` (None: what the files
+        take, of :data:`CAPACITY_BYTES`); writes are not refused."""
+        self._usage = fraction
+
+    def fail_directory(self, path: Path | str) -> None:
+        """Every write, fsync, creation, rename or removal under ``path`` raises EIO
+        from now on (module docstring)."""
+        self._failing.append(PurePosixPath(path))
+
+    def heal_directories(self) -> None:
+        """No directory fails any more."""
+        self._failing = []
+
+    @property
+    def failing_directories(self) -> list[PurePosixPath]:
+        """The directories failing now (:meth:`fail_directory`)."""
+        return list(self._failing)
+
+    def failing(self, path: Path | str | PurePosixPath) -> bool:
+        """Whether ``path`` is under a failing directory."""
+        p = PurePosixPath(path)
+        return any(p == d or d in p.parents for d in self._failing)
+
+    def wipe(self, path: Path | str) -> None:
+        """Remove every file and directory under ``path`` (the directory stays, empty),
+        durably: a wiped or replaced disk."""
+        top = PurePosixPath(path)
+        for name in list(self._dirs):
+            p = PurePosixPath(name)
+            if top in p.parents:
+                del self._dirs[name]
+        if str(top) in self._dirs:
+            self._dirs[str(top)] = _Dir()
+        live = {id(f) for d in self._dirs.values() for f in d.entries.values()}
+        self._files = [f for f in self._files if id(f) in live]
+
+    def take_fsync_failure(self) -> bool:
+        """Consume one pending fsync failure (:meth:`fail_fsyncs`), if any."""
+        if self._fsync_failures > 0:
+            self._fsync_failures -= 1
+            self.fsync_failures += 1
+            return True
+        return False
+
+    def disk_usage(self, path: Path | str) -> tuple[int, int]:
+        """``(free, total)`` bytes of these disks, as ``statvfs`` would say (the
+        bookie's disk probe; not a file operation of a mount)."""
+        if self._usage is not None:
+            return int(CAPACITY_BYTES * (1 - self._usage)), CAPACITY_BYTES
+        return max(0, CAPACITY_BYTES - self.used_bytes()), CAPACITY_BYTES
+
+    def lock(self, directories: Sequence[Path]) -> SimDirectoryLock:
+        """The bookie's directory lock over these disks (module docstring)."""
+        return SimDirectoryLock(self, [str(d) for d in directories])
+
     # --- inspection (tests) -----------------------------------------------------------
 
     def durable_bytes(self, path: Path | str) -> bytes | None:
@@ -183,10 +260,11 @@ class SimFileSystem:
             raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
         return f
 
-    def _new_fd(self, f: _File, mount: SimMount, writable: bool) -> int:
+    def _new_fd(self, f: _File, mount: SimMount, writable: bool,
+                path: PurePosixPath) -> int:
         fd = self._next_fd
         self._next_fd += 1
-        self._fds[fd] = _Open(f, mount, writable)
+        self._fds[fd] = _Open(f, mount, writable, path)
         return fd
 
     def _new_file(self) -> _File:
@@ -227,8 +305,13 @@ class SimMount:
             raise OSError(errno.EBADF, "sim: bad file descriptor")
         return o
 
+    def _check_path(self, path: Path | PurePosixPath) -> None:
+        if self.fs.failing(path):
+            raise OSError(errno.EIO, "sim: the directory's disk fails", str(path))
+
     def create(self, path: Path, *, exclusive: bool) -> int:
         self._check()
+        self._check_path(path)
         d, name = self.fs._split(path)
         f = d.entries.get(name)
         if f is not None:
@@ -237,19 +320,20 @@ class SimMount:
             self._record(f, ("t", 0, b""))
         else:
             f = d.entries[name] = self.fs._new_file()
-        return self.fs._new_fd(f, self, True)
+        return self.fs._new_fd(f, self, True, PurePosixPath(path))
 
     def open_append(self, path: Path) -> int:
         self._check()
         d, name = self.fs._split(path)
         f = d.entries.get(name)
         if f is None:
+            self._check_path(path)
             f = d.entries[name] = self.fs._new_file()
-        return self.fs._new_fd(f, self, True)
+        return self.fs._new_fd(f, self, True, PurePosixPath(path))
 
     def open_read(self, path: Path) -> int:
         self._check()
-        return self.fs._new_fd(self.fs._lookup(path), self, False)
+        return self.fs._new_fd(self.fs._lookup(path), self, False, PurePosixPath(path))
 
     def _record(self, f: _File, op: tuple[str, int, bytes]) -> None:
         _apply(f.data, op)
@@ -259,6 +343,7 @@ class SimMount:
         o = self._open(fd)
         if not o.writable:
             raise OSError(errno.EBADF, "sim: not open for writing")
+        self._check_path(o.path)
         if self.fs._full:
             raise OSError(errno.ENOSPC, "sim: no space left on device")
         self._record(o.file, ("w", len(o.file.data), bytes(data)))
@@ -267,12 +352,11 @@ class SimMount:
         return bytes(self._open(fd).file.data[offset:offset + length])
 
     def fdatasync(self, fd: int) -> None:
-        f = self._open(fd).file
+        o = self._open(fd)
+        f = o.file
         fs = self.fs
         fs.fsyncs += 1
-        if fs._fsync_failures > 0:
-            fs._fsync_failures -= 1
-            fs.fsync_failures += 1
+        if fs.failing(o.path) or fs.take_fsync_failure():
             if f.unsynced and fs.rng.random() < 0.5:
                 for op in f.unsynced:  # written back after all
                     _apply(f.durable, op)
@@ -293,6 +377,7 @@ class SimMount:
         o = self._open(fd)
         if not o.writable:
             raise OSError(errno.EBADF, "sim: not open for writing")
+        self._check_path(o.path)
         self._record(o.file, ("t", length, b""))
 
     def size(self, fd: int) -> int:
@@ -300,7 +385,7 @@ class SimMount:
 
     def dup(self, fd: int) -> int:
         o = self._open(fd)
-        return self.fs._new_fd(o.file, self, o.writable)
+        return self.fs._new_fd(o.file, self, o.writable, o.path)
 
     def close(self, fd: int) -> None:
         if not self.alive:
@@ -323,6 +408,8 @@ class SimMount:
 
     def replace(self, src: Path, dst: Path) -> None:
         self._check()
+        self._check_path(src)
+        self._check_path(dst)
         sd, sname = self.fs._split(src)
         dd, dname = self.fs._split(dst)
         f = sd.entries.get(sname)
@@ -333,6 +420,7 @@ class SimMount:
 
     def unlink(self, path: Path, *, missing_ok: bool = False) -> None:
         self._check()
+        self._check_path(path)
         d, name = self.fs._split(path)
         if d.entries.pop(name, None) is None and not missing_ok:
             raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
@@ -346,12 +434,15 @@ class SimMount:
 
     def makedirs(self, path: Path) -> None:
         self._check()
+        if str(PurePosixPath(path)) not in self.fs._dirs:
+            self._check_path(path)
         p = PurePosixPath(path)
         for each in [*reversed(p.parents), p]:
             self.fs._dirs.setdefault(str(each), _Dir())
 
     def fsync_dir(self, path: Path) -> None:
         self._check()
+        self._check_path(path)
         d = self.fs._dirs.get(str(PurePosixPath(path)))
         if d is None:
             raise FileNotFoundError(errno.ENOENT, "no such directory", str(path))
@@ -359,7 +450,32 @@ class SimMount:
 
     def disk_usage(self, path: Path) -> tuple[int, int]:
         self._check()
-        return max(0, CAPACITY_BYTES - self.fs.used_bytes()), CAPACITY_BYTES
+        return self.fs.disk_usage(path)
+
+
+class SimDirectoryLock:
+    """The directory lock of one (simulated) process (:meth:`SimFileSystem.lock`)."""
+
+    def __init__(self, fs: SimFileSystem, directories: list[str]) -> None:
+        self._fs = fs
+        self._dirs = directories
+        self._held: list[str] = []
+
+    def acquire(self) -> None:
+        for d in self._dirs:
+            if d in self._fs._locked:
+                self.release()
+                raise CookieError(
+                    f"{d} is in use by another running bookie process; stop it first "
+                    "(two processes must never share a bookie's directories)")
+            self._fs._locked[d] = self
+            self._held.append(d)
+
+    def release(self) -> None:
+        held, self._held = self._held, []
+        for d in held:
+            if self._fs._locked.get(d) is self:  # (a crash released it already)
+                del self._fs._locked[d]
 
 
 # --- offload ------------------------------------------------------------------------
@@ -400,4 +516,4 @@ class InlineOffload:
         return fn(*args)
 
 
-__all__ = ["InlineOffload", "SimFileSystem", "SimMount"]
+__all__ = ["CAPACITY_BYTES", "InlineOffload", "SimDirectoryLock", "SimFileSystem", "SimMount"]

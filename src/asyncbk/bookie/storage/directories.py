@@ -25,21 +25,32 @@ never waits for another's fsync.
   failed is passed over the same way.
 * **Garbage collection** sees one storage: entry-log ids are
   ``directory << 32 | log id`` (entry-log ids are 32-bit), split again for compaction.
+
+Every directory's storage runs on the same seams (:mod:`..fileio`: ``io``,
+``offload``; ``kv_open`` for the on-disk index), and the devices of the ledger
+directories come from ``device_of`` (``st_dev``), so the simulator opens several
+directories on its simulated disks as the bookie does on real ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ...clock import Clock
 from ...config import BookieConfig
 from ...log import get_logger
+from ..fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload
 from .api import LedgerInfo
 from .ledger_storage import LedgerStorage
+from .recovery import KVOpener
+
+
+def _device(path: Path) -> int:
+    return os.stat(path).st_dev
 
 LOG_ID_BITS = 32
 """Entry-log ids are below 2**32: the directory index sits above them (GC's view)."""
@@ -53,15 +64,20 @@ def journal_dir_of(journal_dirs: Sequence[Path], index: int) -> Path:
     return journal_dirs[index % len(journal_dirs)] / f"ledgers-{index}"
 
 
-async def open_storage(config: BookieConfig, *, log: Any = None, clock: Clock | None = None
+async def open_storage(config: BookieConfig, *, log: Any = None, clock: Clock | None = None,
+                       io: FileIO = OS_FILE_IO, offload: Offload = THREAD_OFFLOAD,
+                       kv_open: KVOpener | None = None,
+                       device_of: Callable[[Path], int] = _device,
                        ) -> LedgerStorage | MultiDirStorage:
     """The bookie's storage: a :class:`LedgerStorage` for one ledger directory, a
-    :class:`MultiDirStorage` over several."""
+    :class:`MultiDirStorage` over several, on the given seams."""
     journals = [Path(d) for d in config.journal_dirs]
     ledgers = [Path(d) for d in config.ledger_dirs]
     if len(ledgers) == 1:
-        return await LedgerStorage.open(journals[0], ledgers[0], config, log=log, clock=clock)
-    return await MultiDirStorage.open(journals, ledgers, config, log=log, clock=clock)
+        return await LedgerStorage.open(journals[0], ledgers[0], config, log=log, clock=clock,
+                                        io=io, offload=offload, kv_open=kv_open)
+    return await MultiDirStorage.open(journals, ledgers, config, log=log, clock=clock, io=io,
+                                      offload=offload, kv_open=kv_open, device_of=device_of)
 
 
 class MultiDirStorage:
@@ -89,7 +105,9 @@ class MultiDirStorage:
     @classmethod
     async def open(cls, journal_dirs: Sequence[Path], ledger_dirs: Sequence[Path],
                    config: BookieConfig, *, log: Any = None,
-                   clock: Clock | None = None) -> MultiDirStorage:
+                   clock: Clock | None = None, io: FileIO = OS_FILE_IO,
+                   offload: Offload = THREAD_OFFLOAD, kv_open: KVOpener | None = None,
+                   device_of: Callable[[Path], int] = _device) -> MultiDirStorage:
         """Open (recover) each directory's storage in turn."""
         log = log if log is not None else get_logger(component="storage")
         parts: list[LedgerStorage] = []
@@ -97,8 +115,9 @@ class MultiDirStorage:
             for i, ledger_dir in enumerate(ledger_dirs):
                 parts.append(await LedgerStorage.open(
                     journal_dir_of(journal_dirs, i), ledger_dir, config,
-                    log=log.bind(ledger_dir=str(ledger_dir)), clock=clock))
-            devices = await asyncio.to_thread(lambda: [os.stat(d).st_dev for d in ledger_dirs])
+                    log=log.bind(ledger_dir=str(ledger_dir)), clock=clock, io=io,
+                    offload=offload, kv_open=kv_open))
+            devices = await offload.run(lambda: [device_of(d) for d in ledger_dirs])
         except BaseException:
             await asyncio.gather(*(p.abort() for p in parts), return_exceptions=True)
             raise
