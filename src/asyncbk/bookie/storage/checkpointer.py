@@ -3,7 +3,7 @@
 
 A checkpoint captures, on the journal's writer thread, where the journal, the entry
 logs and the index stand and the ledger state those batches produced
-(:func:`.checkpoint._capture`); then, on another thread while adds go on, it makes the
+(:func:`.checkpoint.capture_checkpoint`); then, on another thread while adds go on, it makes the
 captured entry logs and index durable, writes the checkpoint file and deletes the
 journal files wholly before the mark.  A background flush (every
 ``entry_log_flush_bytes``) fsyncs finished entry logs between checkpoints under the
@@ -26,8 +26,8 @@ from ...config import BookieConfig
 from ...errors import BookieIOError
 from ..fileio import FileIO, Offload
 from ..journal import Journal
-from .checkpoint import _capture, _CheckpointWork, _DurableState, _make_durable
-from .entrylog import _EntryLogWriter, _sync_and_close
+from .checkpoint import CheckpointWork, DurableState, capture_checkpoint, make_durable
+from .entrylog import EntryLogWriter, sync_and_close
 from .writecache import WriteCacheKV
 
 
@@ -47,7 +47,7 @@ def _checkpoint_done(task: asyncio.Task[None]) -> None:
 class Checkpointer:
     """The checkpoints and background entry-log flushes of one storage."""
 
-    def __init__(self, *, journal: Journal, writer: _EntryLogWriter, durable: _DurableState,
+    def __init__(self, *, journal: Journal, writer: EntryLogWriter, durable: DurableState,
                  lacs: Callable[[], dict[int, int]], ledger_dir: Path, config: BookieConfig,
                  io: FileIO, offload: Offload, clock: Clock, log: Any,
                  kv_cache: WriteCacheKV | None) -> None:
@@ -127,18 +127,19 @@ class Checkpointer:
             self.s_last = elapsed
             self.s_max = max(self.s_max, elapsed)
 
-    def capture(self, lacs: dict[int, int], now_ms: int) -> _CheckpointWork | None:
+    def capture(self, lacs: dict[int, int], now_ms: int) -> CheckpointWork | None:
         """Writer thread, between batches: where the checkpoint stands (cheap).
         ``now_ms``: the clock's wall time when the checkpoint began (tombstone expiry)."""
         journal = self._journal
         if journal.writer_failed:
             raise BookieIOError("journal failed: not checkpointing")
-        return _capture(journal.position, self._writer, self._durable, lacs, now_ms,
-                        self._config.gc_tombstone_s, self._last_key, self._kv_cache)
+        return capture_checkpoint(journal.position, self._writer, self._durable, lacs,
+                                  now_ms, self._config.gc_tombstone_s, self._last_key,
+                                  self._kv_cache)
 
-    def write(self, work: _CheckpointWork) -> None:
+    def write(self, work: CheckpointWork) -> None:
         """A worker thread: make the captured state durable, then write the mark."""
-        _make_durable(self._io, work, self._ledger_dir)
+        make_durable(self._io, work, self._ledger_dir)
         self.journal_files_deleted += self._journal.delete_files_before(
             work.payload["journal_seq"])
 
@@ -186,7 +187,7 @@ class Checkpointer:
             async with self._lock:  # a checkpoint must not miss a handed-over log
                 fds = await self._journal.run_in_writer(self._writer.take_for_sync)
                 try:
-                    await self._offload.run(_sync_and_close, self._io, fds)
+                    await self._offload.run(sync_and_close, self._io, fds)
                 except OSError as exc:
                     self.sync_failed(exc)
                     return

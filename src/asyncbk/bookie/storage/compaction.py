@@ -19,12 +19,12 @@ from ..fileio import FileIO, Worker
 from ..journal import Journal
 from ..journal_format import TYPE_ADD, AddRecord, scan_records
 from .entrylog import (
-    _entry_log_sizes,
-    _EntryLogReader,
-    _EntryLogWriter,
-    _pread_path,
-    _unlink_quietly,
+    EntryLogReader,
+    EntryLogWriter,
     entry_log_name,
+    entry_log_sizes,
+    pread_path,
+    unlink_quietly,
 )
 from .index import EntryIndex, Location
 from .kvindex import KVEntryIndex
@@ -41,8 +41,8 @@ class EntryLogCompactor:
     ``live`` (live bytes of each entry log), and takes its checkpoints.
     """
 
-    def __init__(self, *, entrylog_dir: Path, index: EntryIndex | KVEntryIndex, writer: _EntryLogWriter,
-                 reader: _EntryLogReader, journal: Journal, read_pool: Worker,
+    def __init__(self, *, entrylog_dir: Path, index: EntryIndex | KVEntryIndex, writer: EntryLogWriter,
+                 reader: EntryLogReader, journal: Journal, read_pool: Worker,
                  live: dict[int, int], checkpoint: Callable[[], Awaitable[None]],
                  clock: Clock, log: Any, io: FileIO) -> None:
         self._io = io
@@ -65,7 +65,7 @@ class EntryLogCompactor:
         """``{log id: (live bytes, file bytes)}`` of every finished entry log (not the
         one being written).  The directory is listed off the event loop."""
         current = self._writer.log_id
-        sizes = await self._read_pool.run(_entry_log_sizes, self._io, self._entrylog_dir)
+        sizes = await self._read_pool.run(entry_log_sizes, self._io, self._entrylog_dir)
         live = self._live
         return {log_id: (max(0, live.get(log_id, 0)), size)
                 for log_id, size in sizes.items() if log_id < current}
@@ -92,7 +92,7 @@ class EntryLogCompactor:
         for log_id in log_ids:
             path = self._entrylog_dir / entry_log_name(log_id)
             await self._read_pool.run(self._reader.forget, log_id)
-            await self._read_pool.run(_unlink_quietly, self._io, path)
+            await self._read_pool.run(unlink_quietly, self._io, path)
             self._live.pop(log_id, None)
         total = sum(sizes.values())
         self.compactions += len(log_ids)
@@ -107,7 +107,7 @@ class EntryLogCompactor:
         offset = 0
         moved = 0
         while offset < size:
-            data = await self._read_pool.run(_pread_path, self._io, path,
+            data = await self._read_pool.run(pread_path, self._io, path,
                                              COMPACTION_CHUNK_BYTES, offset)
             if not data:
                 break

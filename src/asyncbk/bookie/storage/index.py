@@ -3,7 +3,7 @@
 :class:`~.ledger_storage.LedgerStorage` uses an index only through
 :class:`EntryIndex`.  The one implementation so far is :class:`MemoryEntryIndex`, a
 :class:`LedgerIndex` (two arrays) per ledger, rebuilt at start from ``index.log``
-(:data:`INDEX_RECORD` records, appended by :class:`~.entrylog._EntryLogWriter` in
+(:data:`INDEX_RECORD` records, appended by :class:`~.entrylog.EntryLogWriter` in
 the same batch as the entry log and parsed by :func:`load_index_records`).
 
 A record is an entry's location, or a *deletion marker* (:func:`deletion_marker`):
