@@ -190,6 +190,8 @@ class BookieConfig:
         if self.index_backend not in ("memory", "lmdb"):
             raise ConfigError(f"index_backend must be \"memory\" or \"lmdb\", "
                               f"not {self.index_backend!r}")
+        if self.index_backend == "lmdb":
+            require_lmdb()
         if self.index_write_cache_entries_max <= 0:
             raise ConfigError("index_write_cache_entries_max must be > 0")
         if self.entry_log_flush_bytes < 0:
@@ -347,6 +349,21 @@ T = TypeVar("T", BookieConfig, ClientConfig)
 def split_dirs(value: str) -> list[str]:
     """A comma-separated directory list (``""``: none)."""
     return [d.strip() for d in value.split(",")] if value else []
+
+
+LMDB_EXTRA_HINT = "pip install 'asyncbk[lmdb]'"
+"""How to install what ``index_backend = "lmdb"`` needs (the ``lmdb`` extra)."""
+
+
+def require_lmdb() -> None:
+    """ConfigError (one line, naming the extra) unless the ``lmdb`` package imports:
+    ``index_backend = "lmdb"`` needs it, and a bookie must not get as far as its
+    start-up recovery to find out."""
+    try:
+        import lmdb  # noqa: F401  (optional: only the lmdb index backend needs it)
+    except ImportError:
+        raise ConfigError('index_backend = "lmdb" needs the lmdb package, which is not '
+                          f"installed: {LMDB_EXTRA_HINT}") from None
 
 
 def _check_positive(cfg: Any, *names: str) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from ...config import require_lmdb
 from ...errors import BookieIOError
 
 LMDB_DIR = "index.lmdb"
@@ -141,6 +142,7 @@ class LmdbKV:
     does, the write fails (and with it the checkpoint, and the journal)."""
 
     def __init__(self, path: Path) -> None:
+        require_lmdb()  # a ConfigError naming the extra, not an ImportError's traceback
         import lmdb  # optional dependency: only a bookie with index_backend = "lmdb"
 
         self._lmdb = lmdb

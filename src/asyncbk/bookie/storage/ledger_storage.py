@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...clock import SYSTEM_CLOCK, Clock
-from ...config import BookieConfig
+from ...config import BookieConfig, require_lmdb
 from ...errors import BadRequestError, BookieIOError, NoSuchEntryError, NoSuchLedgerError
 from ...log import get_logger
 from ...types import LAST_ENTRY_ID
@@ -125,7 +125,10 @@ class LedgerStorage:
         """Create sub-dirs if needed, load the last checkpoint, replay the journal
         after it (cutting a torn/garbage tail), then start the journal writer.
         Blocking file work runs off the loop (``offload``), on ``io``; ``kv_open``
-        opens the on-disk index (``index_backend = "lmdb"``; default: LMDB)."""
+        opens the on-disk index (``index_backend = "lmdb"``; default: LMDB, whose
+        package missing is a ConfigError naming the extra, raised before any work)."""
+        if config.index_backend == "lmdb" and kv_open is None:
+            require_lmdb()
         journal_dir, ledger_dir = Path(journal_dir), Path(ledger_dir)
         log = log if log is not None else get_logger(component="storage")
         clock = clock if clock is not None else SYSTEM_CLOCK
