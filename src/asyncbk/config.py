@@ -74,10 +74,10 @@ class BookieConfig:
     """Where the entry index lives: ``"memory"`` (rebuilt from ``index.log`` at start)
     or ``"lmdb"`` (on disk, bounded memory; a memory-backend dir is migrated)."""
     index_write_cache_entries_max: int = 200_000
-    """With ``index_backend = "lmdb"``: the index changes since the last checkpoint are
-    kept in memory (a write cache, flushed to LMDB in one synced transaction per
-    checkpoint); past this many keys (about 2 per entry added) a checkpoint starts
-    early."""
+    """With ``index_backend = "lmdb"``: the bound of the index changes kept in memory (a
+    write cache in front of LMDB, written to it in the background a layer of up to
+    16,384 keys at a time, one synced transaction each, and before every checkpoint);
+    past this many keys (about 2 per entry added) a checkpoint starts early."""
 
     # garbage collection and compaction (see asyncbk.bookie.gc)
     gc_interval_s: float = 60.0

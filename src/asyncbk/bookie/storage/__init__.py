@@ -36,12 +36,16 @@ On disk
     (:mod:`.kvindex`, over the :mod:`.kv` seam).  Each journal batch's index changes
     are one transaction on the writer thread into a bounded in-memory write cache
     (:mod:`.writecache`, ``index_write_cache_entries_max``; past it a checkpoint
-    starts early), frozen at each checkpoint's capture and written to LMDB as one
-    fully synced transaction before the checkpoint (version 2) is written, so the
-    LMDB file survives a power cut whole.  At start, entries placed after the mark
-    are cut and the journal replay re-puts them.  A memory-backend dir is migrated (index.log loaded with its deletion
-    markers, synced, checkpoint, index.log removed; a crash re-runs it); an lmdb
-    dir opened with "memory" is refused.  See docs/storage.md.
+    starts early), made of layers of up to 16,384 keys: each full layer, and the
+    current one at each checkpoint's capture, is frozen and written to LMDB (in the
+    background, and before the checkpoint, version 2, is written) as one fully
+    synced transaction, so the LMDB file changes by whole batches, survives a power
+    cut whole and is never written in one long burst.  At start, entries placed after
+    the mark are cut and the journal replay re-puts them (a compaction re-indexes its
+    copies only once a checkpoint covers them).  A memory-backend dir is migrated
+    (index.log loaded with its deletion markers, synced, checkpoint, index.log
+    removed; a crash re-runs it); an lmdb dir opened with "memory" is refused.  See
+    docs/storage.md.
 ``ledger_dir/checkpoint``
     8-byte xxh3_64 of the rest, then a msgpack map: the *mark* (journal seq
     and offset after the last batch covered, entry log id and length, index

@@ -6,7 +6,8 @@ written, kept by the journal's writer thread (:func:`apply_op`, per batch) so
 that :func:`capture_checkpoint` can snapshot exactly the state of the journal prefix a
 checkpoint covers (and freeze the on-disk index's write cache at that point);
 :func:`make_durable` then (another thread) fsyncs the entry logs, flushes the
-frozen index changes into LMDB and writes the checkpoint.
+frozen index changes into LMDB (those a background flush has not written yet) and
+writes the checkpoint.
 """
 
 from __future__ import annotations
@@ -176,13 +177,14 @@ def capture_checkpoint(position: tuple[int, int], writer: EntryLogWriter,
     records, None if that is what the last one (``last_key``) recorded.  ``lacs``: the
     loop's LACs, merged in; ``now_ms``: the clock's wall time when the checkpoint
     began (tombstones older than ``tombstone_s`` are dropped); ``kv``: the on-disk
-    index's write cache, None with index.log: frozen here, between batches, so the
-    flush before the checkpoint is written holds exactly the index changes of the
-    batches the mark covers (never more: a compaction's relocation after the mark,
-    flushed and then cut at start as "placed after the mark", would lose the
-    entries it moved)."""
+    index's write cache, None with index.log: its current layer is frozen here,
+    between batches, so the flush before the checkpoint is written makes durable every
+    index change of the batches the mark covers (the background flushes may have
+    written later layers already: LMDB ahead of the mark is what a restart cuts, and a
+    compaction re-indexes a copy only once a checkpoint covers it)."""
     seq, offset = position
-    key = (seq, offset, writer.log_id, writer.length, writer.index_length, lacs)
+    key = (seq, offset, writer.log_id, writer.length, writer.index_length, lacs,
+           kv.commits if kv is not None else 0)  # (a compaction's re-indexing: no journal)
     if key == last_key:
         return None
     ledgers = []
@@ -216,5 +218,5 @@ def make_durable(io: FileIO, work: CheckpointWork, ledger_dir: Path) -> None:
     sync_and_close(io, work.fds)
     io.fsync_dir(ledger_dir / ENTRYLOG_DIR)  # entry logs created since the last one
     if work.kv is not None:
-        work.kv.flush()  # every index commit up to the mark durable (one LMDB commit)
+        work.kv.flush()  # every index commit up to the mark durable (a commit per layer)
     write_checkpoint(ledger_dir, work.payload, io)

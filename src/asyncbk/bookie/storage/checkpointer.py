@@ -67,6 +67,7 @@ class Checkpointer:
         self._tasks: set[asyncio.Task[None]] = set()
         """Checkpoints under way or waiting for the lock (see :meth:`start`)."""
         self._flush_task: asyncio.Task[None] | None = None
+        self._index_flush_task: asyncio.Task[None] | None = None
         self._unflushed_bytes = 0
         self._last_key: tuple[Any, ...] | None = None
         """Writer thread only: what the last checkpoint written covered."""
@@ -79,6 +80,7 @@ class Checkpointer:
         self.s_max = 0.0
         self.journal_files_deleted = 0
         self.entry_log_flushes = 0
+        self.index_flushes = 0
 
     # --- checkpoints ----------------------------------------------------------
 
@@ -165,12 +167,17 @@ class Checkpointer:
             cached = cache.cached_entries
             if cached > self.index_cache_keys_max:
                 self.index_cache_keys_max = cached
-            if cache.over_limit and not self._tasks and not closed \
-                    and not self._journal.failed:
-                # The index write cache is past its bound: a checkpoint flushes it (its
-                # capture, on the writer thread, starts a new overlay).
-                self.early += 1
-                self.start()
+            if not closed and not self._journal.failed:
+                if cache.frozen_entries and self._index_flush_task is None:
+                    # A layer of the index write cache is frozen: write it to LMDB now,
+                    # off the writer thread and the loop, a layer per synced commit.
+                    self._index_flush_task = asyncio.get_running_loop().create_task(
+                        self._flush_index(cache), name="asyncbk-index-flush")
+                if cache.over_limit and not self._tasks:
+                    # Past its bound all the same (the flushes fall behind): a checkpoint
+                    # flushes it too (its capture freezes the current layer).
+                    self.early += 1
+                    self.start()
         flush_bytes = self._config.entry_log_flush_bytes
         if flush_bytes and written:
             self._unflushed_bytes += written
@@ -179,6 +186,20 @@ class Checkpointer:
                 self._unflushed_bytes = 0
                 self._flush_task = asyncio.get_running_loop().create_task(
                     self._flush_entry_logs(), name="asyncbk-entrylog-flush")
+
+    async def _flush_index(self, cache: WriteCacheKV) -> None:
+        """Write the frozen layers of the index write cache into LMDB (a worker thread;
+        :meth:`.writecache.WriteCacheKV.flush`).  A failure fails the journal, as a
+        failed checkpoint sync does: the layers are kept, but no checkpoint may cover
+        them now."""
+        try:
+            while cache.frozen_entries and not self._journal.failed:
+                await self._offload.run(cache.flush)
+                self.index_flushes += 1
+        except OSError as exc:
+            self.sync_failed(exc)
+        finally:
+            self._index_flush_task = None
 
     async def _flush_entry_logs(self) -> None:
         """Write back what was added to the entry logs so far (off the writer thread),
@@ -202,6 +223,8 @@ class Checkpointer:
         file descriptors, and dropping a captured checkpoint loses its logs' sync)."""
         if self._flush_task is not None:
             await asyncio.wait([self._flush_task])
+        if self._index_flush_task is not None:
+            await asyncio.wait([self._index_flush_task])
         if self._tasks:
             await asyncio.wait(list(self._tasks))
 
@@ -214,6 +237,7 @@ class Checkpointer:
             "index_cache_keys": cache.cached_entries if cache is not None else 0,
             "index_cache_keys_max": self.index_cache_keys_max,
             "index_cache_flushes": cache.flushes if cache is not None else 0,
+            "index_background_flushes": self.index_flushes,
             "checkpoint_s_last": self.s_last,
             "checkpoint_s_max": self.s_max,
             "journal_files_deleted": self.journal_files_deleted,

@@ -291,8 +291,7 @@ def recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any,
                               config.index_write_cache_entries_max)
             index = KVEntryIndex(kv)
             if not kv_marked:  # migrating, or no checkpoint yet: rebuilt from scratch
-                kv.clear()
-                index.count = 0
+                index.clear()
             else:  # what the commits after the mark placed: the replay re-puts it
                 stats["index_entries_cut"] = index.truncate(mark.entry_log_id,
                                                             mark.entry_log_length)
