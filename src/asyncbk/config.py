@@ -78,6 +78,11 @@ class BookieConfig:
     write cache in front of LMDB, written to it in the background a layer of up to
     16,384 keys at a time, one synced transaction each, and before every checkpoint);
     past this many keys (about 2 per entry added) a checkpoint starts early."""
+    index_log_compaction_bytes_min: int = 16 * 1024 * 1024
+    """With ``index_backend = "memory"``: ``index.log`` is rewritten at a checkpoint,
+    keeping one record per stored entry, once it is at least this large and at least
+    half of its records are dead (superseded, voided by a deletion, of deleted
+    ledgers)."""
 
     # garbage collection and compaction (see asyncbk.bookie.gc)
     gc_interval_s: float = 60.0
@@ -194,6 +199,8 @@ class BookieConfig:
             require_lmdb()
         if self.index_write_cache_entries_max <= 0:
             raise ConfigError("index_write_cache_entries_max must be > 0")
+        if self.index_log_compaction_bytes_min < 0:
+            raise ConfigError("index_log_compaction_bytes_min must be >= 0")
         if self.entry_log_flush_bytes < 0:
             raise ConfigError("entry_log_flush_bytes must be >= 0")
         if self.entry_log_bytes_max >= 1 << 32:

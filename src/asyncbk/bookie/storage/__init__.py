@@ -30,7 +30,10 @@ On disk
     dropped then.  No checksum: only the prefix recorded in the checkpoint
     (which was fsynced before the checkpoint was written) is ever trusted;
     anything after it is cut and rebuilt from the journal (a replayed
-    re-creation writes its marker again).
+    re-creation writes its marker again).  Rewritten at a checkpoint once at least
+    half of it is dead (``index_log_compaction_bytes_min``; :mod:`.indexlog`): the
+    rewrite, ``index.log.compact``, is named by a checkpoint (version 3) before it is
+    renamed over index.log.
 ``ledger_dir/index.lmdb/``
     With ``index_backend = "lmdb"`` instead of index.log: the index on disk
     (:mod:`.kvindex`, over the :mod:`.kv` seam).  Each journal batch's index changes
@@ -94,13 +97,13 @@ Time (tombstone ages, the housekeeping and compaction sleeps, compaction
 pacing) comes from the injected :class:`~asyncbk.clock.Clock`.
 
 Limits (deliberate, for now): with ``index_backend = "memory"`` the index is in memory (:class:`LedgerIndex`,
-about 12 bytes per stored entry) and start-up reads all of index.log;
-index.log is append-only: compaction does not rewrite it, so records of
-moved and deleted entries stay in it and are superseded (a later record for
-the same entry wins) or dropped (the ledger is gone, or a deletion marker
-follows them) when it is loaded.  The writer keeps the ids of the deleted
-ledgers whose records index.log still holds without a marker (a set, rebuilt at
-start), so that their re-creation can write one.
+about 12 bytes per stored entry) and start-up reads all of index.log.  Between its
+rewrites index.log is append-only: records of moved and deleted entries stay in it
+and are superseded (a later record for the same entry wins) or dropped (the ledger
+is gone, or a deletion marker follows them) when it is loaded; a rewrite keeps one
+record per stored entry.  The writer keeps the ids of the deleted ledgers whose
+records index.log may still hold without a marker (a set, rebuilt at start), so
+that their re-creation can write one.
 
 Modules
 -------
@@ -125,6 +128,12 @@ Modules
     entry log naming, writer (entry logs + index.log) and reader.
 :mod:`.checkpoint`
     the checkpoint file and the journaled ledger state it records.
+:mod:`.checkpointer`
+    when checkpoints run and what they do (and the background flushes and rewrites).
+:mod:`.indexlog`
+    the crash-safe rewrite of ``index.log`` once most of it is dead.
+:mod:`.writecache`
+    the on-disk index's write cache, written to LMDB a layer at a time.
 :mod:`.recovery`
     start-up: checkpoint, index and journal replay.
 :mod:`.compaction`

@@ -24,6 +24,8 @@ from ...errors import BookieIOError
 from ..fileio import OS_FILE_IO, FileIO
 from ..journal_format import TYPE_DELETE_LEDGER, TYPE_EXPLICIT_LAC, TYPE_FENCE, TYPE_LEDGER_KEY
 from .entrylog import ENTRYLOG_DIR, EntryLogWriter, sync_and_close
+from .index import INDEX_FILE
+from .indexlog import INDEX_COMPACT_FILE
 from .writecache import WriteCacheKV
 
 CHECKPOINT_FILE = "checkpoint"
@@ -32,6 +34,10 @@ CHECKPOINT_VERSION = 1
 CHECKPOINT_VERSION_KV = 2
 """The version with the on-disk index (``"index": "lmdb"``): older code refuses it
 instead of starting with no index."""
+CHECKPOINT_VERSION_INDEX_FILE = 3
+"""The version of a checkpoint that names the file its index length covers
+(``"index_file"``: the rewrite of index.log, :mod:`.indexlog`, before it is renamed
+over index.log): older code refuses it instead of reading index.log."""
 _CHECKSUM = struct.Struct("<Q")
 
 
@@ -127,7 +133,7 @@ def read_checkpoint(ledger_dir: Path, io: FileIO = OS_FILE_IO) -> dict[str, Any]
     except Exception as exc:  # msgpack raises several types
         raise BookieIOError(f"{path}: checkpoint is not msgpack ({type(exc).__name__})") from None
     if not isinstance(payload, dict) or payload.get("version") not in (
-            CHECKPOINT_VERSION, CHECKPOINT_VERSION_KV):
+            CHECKPOINT_VERSION, CHECKPOINT_VERSION_KV, CHECKPOINT_VERSION_INDEX_FILE):
         raise BookieIOError(f"{path}: unsupported checkpoint")
     if not _checkpoint_well_formed(payload):
         raise BookieIOError(f"{path}: malformed checkpoint")
@@ -140,7 +146,10 @@ def _checkpoint_well_formed(payload: dict[str, Any]) -> bool:
         return type(v) is int and 0 <= v <= top
 
     ledgers, tombstones = payload.get("ledgers"), payload.get("tombstones", [])
-    return (all(uint(payload.get(k)) for k in ("journal_seq", "journal_offset",
+    index_file = payload.get("index_file", INDEX_FILE)
+    return (index_file in (INDEX_FILE, INDEX_COMPACT_FILE)
+            and (index_file == INDEX_FILE) == (payload["version"] != CHECKPOINT_VERSION_INDEX_FILE)
+            and all(uint(payload.get(k)) for k in ("journal_seq", "journal_offset",
                                                "entry_log_length", "index_length"))
             and uint(payload.get("entry_log_id"), 0xFFFFFFFF)
             and type(ledgers) is list and all(
@@ -183,8 +192,8 @@ def capture_checkpoint(position: tuple[int, int], writer: EntryLogWriter,
     written later layers already: LMDB ahead of the mark is what a restart cuts, and a
     compaction re-indexes a copy only once a checkpoint covers it)."""
     seq, offset = position
-    key = (seq, offset, writer.log_id, writer.length, writer.index_length, lacs,
-           kv.commits if kv is not None else 0)  # (a compaction's re-indexing: no journal)
+    key = (seq, offset, writer.log_id, writer.length, writer.index_file, writer.index_length,
+           lacs, kv.commits if kv is not None else 0)  # (a compaction's re-indexing)
     if key == last_key:
         return None
     ledgers = []
@@ -210,6 +219,9 @@ def capture_checkpoint(position: tuple[int, int], writer: EntryLogWriter,
     if kv is not None:
         payload["index"] = "lmdb"  # (the memory backend's checkpoint stays v1's bytes)
         kv.freeze()
+    elif writer.index_file != INDEX_FILE:  # index.log being rewritten (.indexlog)
+        payload["version"] = CHECKPOINT_VERSION_INDEX_FILE
+        payload["index_file"] = writer.index_file
     return CheckpointWork(key, payload, writer.take_for_sync(), kv)
 
 

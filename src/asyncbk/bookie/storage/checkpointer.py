@@ -9,6 +9,11 @@ journal files wholly before the mark.  A background flush (every
 ``entry_log_flush_bytes``) fsyncs finished entry logs between checkpoints under the
 same lock, so a checkpoint never misses a log handed over for syncing.
 
+The on-disk index's write cache is written to LMDB in the background too, a frozen
+layer per synced transaction (:mod:`.writecache`), as layers fill; with the
+in-memory index, ``index.log`` is rewritten right after a checkpoint once it is
+mostly dead (:mod:`.indexlog`, which takes two more checkpoints, under the same lock).
+
 A failed sync fails the journal (:meth:`Checkpointer.sync_failed`): data lost at a
 failed fsync must never be covered by a later mark.
 """
@@ -28,6 +33,13 @@ from ..fileio import FileIO, Offload
 from ..journal import Journal
 from .checkpoint import CheckpointWork, DurableState, capture_checkpoint, make_durable
 from .entrylog import EntryLogWriter, sync_and_close
+from .index import INDEX_FILE
+from .indexlog import (
+    INDEX_COMPACT_FILE,
+    compaction_due,
+    finish_rename,
+    write_compacted_index,
+)
 from .writecache import WriteCacheKV
 
 
@@ -50,7 +62,8 @@ class Checkpointer:
     def __init__(self, *, journal: Journal, writer: EntryLogWriter, durable: DurableState,
                  lacs: Callable[[], dict[int, int]], ledger_dir: Path, config: BookieConfig,
                  io: FileIO, offload: Offload, clock: Clock, log: Any,
-                 kv_cache: WriteCacheKV | None) -> None:
+                 kv_cache: WriteCacheKV | None,
+                 index_entries: Callable[[], int] | None = None) -> None:
         self._journal = journal
         self._writer = writer
         self._durable = durable
@@ -63,6 +76,10 @@ class Checkpointer:
         self._clock = clock
         self._log = log
         self._kv_cache = kv_cache
+        self._index_entries = index_entries
+        """The in-memory index's entry count (its ``len``), to tell how much of
+        ``index.log`` is dead; None with the on-disk index."""
+        self._index_log_broken = False
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         """Checkpoints under way or waiting for the lock (see :meth:`start`)."""
@@ -81,6 +98,8 @@ class Checkpointer:
         self.journal_files_deleted = 0
         self.entry_log_flushes = 0
         self.index_flushes = 0
+        self.index_log_compactions = 0
+        self.index_log_bytes_dropped = 0
 
     # --- checkpoints ----------------------------------------------------------
 
@@ -108,26 +127,78 @@ class Checkpointer:
 
     async def _run(self) -> None:
         async with self._lock:
-            if self._journal.failed:  # an entry log sync failed while this one waited
-                raise BookieIOError("journal failed: not checkpointing")
-            t0 = time.perf_counter()  # performance timer: only reported (checkpoint_s_*)
-            work = await self._journal.run_in_writer(self.capture, self._lacs(),
-                                                     wall_ms(self._clock))
-            if work is None:
-                self.skipped += 1
-                return
-            # The slow part (fdatasync of the entry logs and index, the checkpoint file,
-            # journal file removal) runs off the writer thread: adds keep committing.
-            try:
-                await self._offload.run(self.write, work)
-            except OSError as exc:
-                self.sync_failed(exc)
-                raise BookieIOError(f"checkpoint failed: {exc}") from exc
-            self._last_key = work.key
-            elapsed = time.perf_counter() - t0
-            self.checkpoints += 1
-            self.s_last = elapsed
-            self.s_max = max(self.s_max, elapsed)
+            work = await self._checkpoint_locked()
+            if work is not None and self._index_log_compaction_due():
+                await self._compact_index_log(work.payload)
+
+    async def _checkpoint_locked(self) -> CheckpointWork | None:
+        """One checkpoint (the lock held); what it wrote, None if it was skipped."""
+        if self._journal.failed:  # an entry log sync failed while this one waited
+            raise BookieIOError("journal failed: not checkpointing")
+        t0 = time.perf_counter()  # performance timer: only reported (checkpoint_s_*)
+        work = await self._journal.run_in_writer(self.capture, self._lacs(),
+                                                 wall_ms(self._clock))
+        if work is None:
+            self.skipped += 1
+            return None
+        # The slow part (fdatasync of the entry logs and index, the checkpoint file,
+        # journal file removal) runs off the writer thread: adds keep committing.
+        try:
+            await self._offload.run(self.write, work)
+        except OSError as exc:
+            self.sync_failed(exc)
+            raise BookieIOError(f"checkpoint failed: {exc}") from exc
+        self._last_key = work.key
+        elapsed = time.perf_counter() - t0
+        self.checkpoints += 1
+        self.s_last = elapsed
+        self.s_max = max(self.s_max, elapsed)
+        return work
+
+    # --- index.log compaction -----------------------------------------------------
+
+    def _index_log_compaction_due(self) -> bool:
+        """``index.log`` (the in-memory index) is dead enough to rewrite (:mod:`.indexlog`)."""
+        entries = self._index_entries
+        if entries is None or self._index_log_broken or self._writer.index_file != INDEX_FILE:
+            return False
+        return compaction_due(self._writer.index_length, entries(),
+                              self._config.index_log_compaction_bytes_min)
+
+    async def _compact_index_log(self, payload: dict[str, Any]) -> None:
+        """Rewrite ``index.log`` right after the checkpoint ``payload`` was written (the
+        lock held): steps 1 to 4 of :mod:`.indexlog`.  Until the writer switched to the
+        new file, a failure leaves ``index.log`` as it was (the new file is rewritten
+        next time, or removed at the next start); after it, failures are those of a
+        checkpoint."""
+        io, ledger_dir, writer = self._io, self._ledger_dir, self._writer
+        covered = payload["index_length"]
+        before = writer.index_length
+        try:
+            length = await self._offload.run(
+                write_compacted_index, io, ledger_dir, covered,
+                {ledger[0] for ledger in payload["ledgers"]}, payload["entry_log_id"])
+            await self._journal.run_in_writer(
+                writer.switch_index, ledger_dir / INDEX_COMPACT_FILE, covered, length)
+        except BookieIOError as exc:  # a corrupt record: the next start will say so too
+            self._index_log_broken = True
+            self._log.error("index.log not compacted", error=repr(exc))
+            return
+        except OSError as exc:  # (disk full, say) nothing switched: index.log as it was
+            self._log.warning("index.log not compacted", error=repr(exc))
+            return
+        await self._checkpoint_locked()  # names the new file: it is the index now
+        try:
+            await self._offload.run(finish_rename, io, ledger_dir)
+        except OSError as exc:
+            self.sync_failed(exc)
+            raise BookieIOError(f"index.log rename failed: {exc}") from exc
+        await self._journal.run_in_writer(writer.index_renamed, INDEX_FILE)
+        await self._checkpoint_locked()  # names index.log again
+        self.index_log_compactions += 1
+        self.index_log_bytes_dropped += max(0, before - length)
+        self._log.info("index.log compacted", bytes_before=before, bytes_after=length,
+                       covered=covered)
 
     def capture(self, lacs: dict[int, int], now_ms: int) -> CheckpointWork | None:
         """Writer thread, between batches: where the checkpoint stands (cheap).
@@ -238,6 +309,8 @@ class Checkpointer:
             "index_cache_keys_max": self.index_cache_keys_max,
             "index_cache_flushes": cache.flushes if cache is not None else 0,
             "index_background_flushes": self.index_flushes,
+            "index_log_compactions": self.index_log_compactions,
+            "index_log_bytes_dropped": self.index_log_bytes_dropped,
             "checkpoint_s_last": self.s_last,
             "checkpoint_s_max": self.s_max,
             "journal_files_deleted": self.journal_files_deleted,

@@ -19,6 +19,7 @@ from ...errors import BookieIOError
 from ..fileio import OS_FILE_IO, FileIO
 from ..journal_format import HEADER_BYTES, AddRecord, decode_one, record_size_at
 from .index import INDEX_FILE, INDEX_RECORD, RECORD_SPAN_MAX, Location, deletion_marker
+from .indexlog import INDEX_COMPACT_FILE
 
 ENTRYLOG_DIR = "entrylog"
 
@@ -56,6 +57,9 @@ class EntryLogWriter:
         self.log_id = log_id
         self.length = length
         self.index_length = index_length
+        self.index_file = INDEX_FILE
+        """The name of the file ``index_fd`` appends to (another while index.log is
+        being rewritten: :mod:`.indexlog`)."""
         self._fd = fd
         self._index_fd = index_fd
         self._unsynced: list[int] = []
@@ -121,6 +125,31 @@ class EntryLogWriter:
         path = self.directory / entry_log_name(new_id)
         self._fd = self.io.create(path, exclusive=True)
         self.log_id, self.length = new_id, 0
+
+    def switch_index(self, path: Path, covered: int, length: int) -> None:
+        """Append the index records from now on to ``path`` (a rewrite of the first
+        ``covered`` bytes of the current file, ``length`` bytes long: :mod:`.indexlog`),
+        after a copy of the records written after ``covered``."""
+        tail = self.io.pread(self._index_fd, self.index_length - covered, covered)
+        if len(tail) != self.index_length - covered:
+            raise BookieIOError(f"short read of the index ({len(tail)} bytes after {covered})")
+        fd = self.io.open_append(path)
+        try:
+            if self.io.size(fd) != length:
+                raise BookieIOError(f"{path} has {self.io.size(fd)} bytes, not {length}")
+            if tail:
+                self.io.write(fd, tail)
+        except BaseException:
+            self.io.close(fd)
+            raise
+        old, self._index_fd = self._index_fd, fd
+        self.index_file = path.name
+        self.index_length = length + len(tail)
+        self.io.close(old)
+
+    def index_renamed(self, name: str) -> None:
+        """The file the index records go to is now called ``name``."""
+        self.index_file = name
 
     def take_for_sync(self) -> list[int]:
         """File descriptors a checkpoint must fdatasync before its mark is written:
@@ -284,7 +313,8 @@ def sync_and_close(io: FileIO, fds: list[int]) -> None:
 
 
 def remove_index_log(io: FileIO, ledger_dir: Path) -> None:
-    """Remove ``index.log`` for good (the index moved to the on-disk backend and a
-    checkpoint naming it was written), durably."""
+    """Remove ``index.log`` (and a rewrite of it) for good (the index moved to the
+    on-disk backend and a checkpoint naming it was written), durably."""
     io.unlink(ledger_dir / INDEX_FILE, missing_ok=True)
+    io.unlink(ledger_dir / INDEX_COMPACT_FILE, missing_ok=True)
     io.fsync_dir(ledger_dir)

@@ -94,7 +94,8 @@ class LedgerStorage:
             lacs=lambda: {ledger_id: info.lac for ledger_id, info in self._ledgers.items()
                           if info.lac >= 0},
             ledger_dir=ledger_dir, config=config, io=io, offload=offload, clock=clock,
-            log=log, kv_cache=self._kv_cache)
+            log=log, kv_cache=self._kv_cache,
+            index_entries=self._index.__len__ if self._kv_index is None else None)
         self._disk_usage = (0, 0)
         self.full = False
         """Set by the bookie's disk watch: this ledger directory's disk (or its journal's)

@@ -1,8 +1,9 @@
 """Start-up recovery: what :meth:`LedgerStorage.open
 <.ledger_storage.LedgerStorage.open>` does before the journal starts.
 
-Read the checkpoint; cut ``index.log`` and the current entry log to the marked
-lengths and delete newer entry logs; load the index and the ledger state; replay
+Read the checkpoint; finish or forget a rewrite of ``index.log`` it left
+(:func:`.indexlog.resolve_index_file`); cut ``index.log`` and the current entry log
+to the marked lengths and delete newer entry logs; load the index and the ledger state; replay
 the journal from the mark up to the first bad record, cutting the torn tail.
 Loading ``index.log`` honours its deletion markers (:mod:`.index`); the ledgers it
 still has that the checkpoint does not know were deleted before the mark: they are
@@ -70,6 +71,7 @@ from .index import (
     index_log_ops,
     load_index_records,
 )
+from .indexlog import resolve_index_file
 from .kv import LMDB_DIR, IndexKV, open_lmdb
 from .kvindex import IndexOp, KVEntryIndex
 from .writecache import WriteCacheKV
@@ -249,6 +251,9 @@ def recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any,
         log_id = parse_entry_log_name(name)
         if log_id is not None and log_id > mark.entry_log_id:
             io.unlink(entrylog_dir / name)
+    if resolve_index_file(io, ledger_dir, payload):  # a rewrite of index.log interrupted
+        log.warning("index.log rewrite finished at start",
+                    named=(payload or {}).get("index_file", INDEX_FILE))
     log_fd = _open_at_length(io, entrylog_dir / entry_log_name(mark.entry_log_id),
                              mark.entry_log_length, "entry log")
     index_log_left = on_disk and any(name == INDEX_FILE for name, _ in io.list_dir(ledger_dir))
