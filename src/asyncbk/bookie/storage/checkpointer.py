@@ -269,6 +269,8 @@ class Checkpointer:
                 self.index_flushes += 1
         except OSError as exc:
             self.sync_failed(exc)
+        except Exception as exc:  # (flush raises OSError: a bug, but no less a failure)
+            self.sync_failed(OSError(f"index flush failed: {exc!r}"))
         finally:
             self._index_flush_task = None
 

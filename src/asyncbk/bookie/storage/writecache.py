@@ -21,13 +21,13 @@ older layers' key.
 
 A layer is a dict (point reads, O(1)) and its keys, sorted lazily: the keys a
 commit adds are appended unsorted, and sorted in (one merge of two sorted runs)
-only when a range or a flush needs the order.  No step works on a whole layer or
-on all of them at once while holding the GIL in one C call: everything the loop
-may wait for is bounded by a layer (a sort) or by :data:`_CHUNK` keys (a
-publication step, a flush's batch of puts).  (The previous single overlay was a
-SortedDict merged into a dict and sorted at each checkpoint's flush: 100 ms of
-CPU in one call for 200,000 keys, during which the bookie's event loop could not
-run.)
+only when a range needs the order; a flush writes a layer in the order its keys
+came (LMDB dirties the same pages either way).  No step works on more than a layer
+(a range's sort) or :data:`_CHUNK` keys (a publication step, a flush's batch of
+puts) while holding the GIL in one C call, so the loop never waits long.  (The
+previous single overlay was a SortedDict merged into a dict and sorted at each
+checkpoint's flush: 100 ms of CPU in one call for 200,000 keys, during which the
+bookie's event loop could not run.)
 
 Threads and visibility.  One lock guards the layers; it is held only for dict and
 list operations on them (a point lookup; copying at most one chunk of a range;
@@ -128,20 +128,26 @@ class _Layer:
     sorted list plus the keys added since it was last sorted (callers hold the cache's
     lock, except on a layer nobody else can see yet)."""
 
-    __slots__ = ("data", "seq", "_sorted", "_unsorted")
+    __slots__ = ("data", "seq", "tombstones", "_sorted", "_unsorted")
 
-    def __init__(self, data: dict[bytes, bytes | None] | None = None, seq: int = 0) -> None:
+    def __init__(self, data: dict[bytes, bytes | None] | None = None, seq: int = 0,
+                 tombstones: int = 0) -> None:
         self.data: dict[bytes, bytes | None] = data if data is not None else {}
         self.seq = seq
         """Its place among the frozen layers (set at the freeze)."""
+        self.tombstones = tombstones
+        """At least the number of tombstones it holds (0: none, so a flush hands its
+        items to the inner KV as they are)."""
         self._sorted: list[bytes] = []
         self._unsorted: list[bytes] = list(self.data)
 
     def __len__(self) -> int:
         return len(self.data)
 
-    def merge(self, items: dict[bytes, bytes | None]) -> None:
-        """Put ``items`` (newer than what the layer holds)."""
+    def merge(self, items: dict[bytes, bytes | None], tombstones: int) -> None:
+        """Put ``items`` (newer than what the layer holds; at most ``tombstones`` of
+        them tombstones)."""
+        self.tombstones += tombstones
         data = self.data
         self._unsorted.extend(set(items).difference(data))  # O(len(items)), in C
         data.update(items)
@@ -170,12 +176,13 @@ class _CacheWrite:
     """A write transaction: its own writes in a dict (sorted when a range needs them),
     published at commit."""
 
-    __slots__ = ("_kv", "_own", "_done")
+    __slots__ = ("_kv", "_own", "_done", "_deletes")
 
     def __init__(self, kv: WriteCacheKV) -> None:
         self._kv = kv
         self._own: dict[bytes, bytes | None] = {}
         self._done = False
+        self._deletes = 0
 
     def get(self, key: bytes) -> bytes | None:
         own = self._own
@@ -196,6 +203,7 @@ class _CacheWrite:
 
     def delete(self, key: bytes) -> None:
         self._own[bytes(key)] = None
+        self._deletes += 1
 
     def _fetch(self, lo: bytes, hi: bytes, n: int, reverse: bool) -> list[list[Any]]:
         own = sorted((k, v) for k, v in self._own.items() if lo <= k < hi)  # (rare: pops)
@@ -211,6 +219,7 @@ class _CacheWrite:
             own = self._own
             for key, _ in chunk:
                 own[key] = None
+            self._deletes += len(chunk)
             yield from chunk
             start = chunk[-1][0] + b"\x00"
 
@@ -219,7 +228,7 @@ class _CacheWrite:
         self._done = True
         try:
             if self._own:
-                kv._publish(self._own)
+                kv._publish(self._own, self._deletes)
         finally:
             kv._writing = False
 
@@ -332,23 +341,24 @@ class WriteCacheKV:
         self._writing = True
         return _CacheWrite(self)
 
-    def _publish(self, own: dict[bytes, bytes | None]) -> None:
+    def _publish(self, own: dict[bytes, bytes | None], tombstones: int) -> None:
         """Make a committed transaction's writes visible at once, then merge them
         into the current layer a chunk per lock hold (module docstring); freeze the
         layer if that filled it."""
         with self._publish_lock:
             if len(own) <= _CHUNK:
                 with self._lock:  # one step: no need to publish it apart
-                    self._current.merge(own)
+                    self._current.merge(own, tombstones)
             else:
-                layer = _Layer(own)
+                layer = _Layer(own, tombstones=tombstones)
                 with self._lock:
                     self._publishing = layer
                 try:
                     items = iter(own.items())
                     while chunk := dict(islice(items, _CHUNK)):
                         with self._lock:
-                            self._current.merge(chunk)
+                            self._current.merge(chunk, tombstones)
+                            tombstones = 0
                 finally:
                     with self._lock:
                         self._publishing = None
@@ -388,9 +398,8 @@ class WriteCacheKV:
                         return
                     layer = self._frozen[0]
                     self._flush_gen += 1
-                    keys = layer.keys()
                 try:
-                    self._write_inner(layer.data, keys)
+                    self._write_inner(layer.data, layer.tombstones)  # (frozen: no writes)
                 finally:
                     with self._lock:
                         self._flush_gen += 1
@@ -398,18 +407,24 @@ class WriteCacheKV:
                     del self._frozen[0]  # (only a flush drops one, under the flush lock)
                     self._frozen_keys -= len(layer)
                 self.flushes += 1
-                self.flushed_keys += len(keys)
+                self.flushed_keys += len(layer)
 
-    def _write_inner(self, data: dict[bytes, bytes | None], keys: list[bytes]) -> None:
-        """One inner transaction with ``data`` (its ``keys`` in order), committed and
-        synced; OSError if that fails (LMDB's own errors too)."""
+    def _write_inner(self, data: dict[bytes, bytes | None], tombstones: int) -> None:
+        """One inner transaction with ``data`` (``tombstones``: 0 if it has none),
+        committed and synced; OSError if that fails (LMDB's own errors too).  In the
+        order the keys came, not sorted: LMDB dirties the same pages either way, and a
+        sort of a layer would hold the GIL (and so the loop) for milliseconds in one
+        call."""
         try:
             w = self.inner.write()
             try:
-                for i in range(0, len(keys), _CHUNK):
+                items = iter(data.items())
+                while chunk := list(islice(items, _CHUNK)):
+                    if not tombstones:
+                        w.put_many(chunk)  # type: ignore[arg-type]
+                        continue
                     puts: list[tuple[bytes, bytes]] = []
-                    for key in keys[i:i + _CHUNK]:
-                        value = data[key]
+                    for key, value in chunk:
                         if value is None:
                             w.delete(key)
                         else:
