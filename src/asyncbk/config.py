@@ -74,10 +74,15 @@ class BookieConfig:
     """Where the entry index lives: ``"memory"`` (rebuilt from ``index.log`` at start)
     or ``"lmdb"`` (on disk, bounded memory; a memory-backend dir is migrated)."""
     index_write_cache_entries_max: int = 200_000
-    """With ``index_backend = "lmdb"``: the index changes since the last checkpoint are
-    kept in memory (a write cache, flushed to LMDB in one synced transaction per
-    checkpoint); past this many keys (about 2 per entry added) a checkpoint starts
-    early."""
+    """With ``index_backend = "lmdb"``: the bound of the index changes kept in memory (a
+    write cache in front of LMDB, written to it in the background a layer of up to
+    16,384 keys at a time, one synced transaction each, and before every checkpoint);
+    past this many keys (about 2 per entry added) a checkpoint starts early."""
+    index_log_compaction_bytes_min: int = 16 * 1024 * 1024
+    """With ``index_backend = "memory"``: ``index.log`` is rewritten at a checkpoint,
+    keeping one record per stored entry, once it is at least this large and at least
+    half of its records are dead (superseded, voided by a deletion, of deleted
+    ledgers)."""
 
     # garbage collection and compaction (see asyncbk.bookie.gc)
     gc_interval_s: float = 60.0
@@ -190,8 +195,12 @@ class BookieConfig:
         if self.index_backend not in ("memory", "lmdb"):
             raise ConfigError(f"index_backend must be \"memory\" or \"lmdb\", "
                               f"not {self.index_backend!r}")
+        if self.index_backend == "lmdb":
+            require_lmdb()
         if self.index_write_cache_entries_max <= 0:
             raise ConfigError("index_write_cache_entries_max must be > 0")
+        if self.index_log_compaction_bytes_min < 0:
+            raise ConfigError("index_log_compaction_bytes_min must be >= 0")
         if self.entry_log_flush_bytes < 0:
             raise ConfigError("entry_log_flush_bytes must be >= 0")
         if self.entry_log_bytes_max >= 1 << 32:
@@ -347,6 +356,21 @@ T = TypeVar("T", BookieConfig, ClientConfig)
 def split_dirs(value: str) -> list[str]:
     """A comma-separated directory list (``""``: none)."""
     return [d.strip() for d in value.split(",")] if value else []
+
+
+LMDB_EXTRA_HINT = "pip install 'asyncbk[lmdb]'"
+"""How to install what ``index_backend = "lmdb"`` needs (the ``lmdb`` extra)."""
+
+
+def require_lmdb() -> None:
+    """ConfigError (one line, naming the extra) unless the ``lmdb`` package imports:
+    ``index_backend = "lmdb"`` needs it, and a bookie must not get as far as its
+    start-up recovery to find out."""
+    try:
+        import lmdb  # noqa: F401  (optional: only the lmdb index backend needs it)
+    except ImportError:
+        raise ConfigError('index_backend = "lmdb" needs the lmdb package, which is not '
+                          f"installed: {LMDB_EXTRA_HINT}") from None
 
 
 def _check_positive(cfg: Any, *names: str) -> None:

@@ -3,7 +3,7 @@
 Input: ``[mode][flags][entry log file name: 12 bytes][sections]`` (sections as in
 ``_harness.split``).  Each input writes a journal dir and a ledger dir in a scratch
 directory (on /dev/shm when there is one) and runs the recovery of
-``LedgerStorage.open`` (``storage.recovery._recover``) on them, then reads entries back:
+``LedgerStorage.open`` (``storage.recovery.recover``) on them, then reads entries back:
 
 * mode 0, journal replay: 1 to 3 journal files (``fuzz_journal.build`` grammar, so
   records pass their checksum; flags & 4 skips a sequence number).  No error is
@@ -161,8 +161,8 @@ def _replay(flags: int, body: bytes, jdir: Path, ldir: Path) -> None:
     for seq, content in files:
         (jdir / jf.journal_file_name(seq)).write_bytes(content)
     ledgers, tombstones, entries, sizes = _model(files)
-    rec = recovery._recover(jdir, ldir, CONFIG, _Log(), NOW_MS)
-    reader = entrylog._EntryLogReader(ldir / st.ENTRYLOG_DIR)
+    rec = recovery.recover(jdir, ldir, CONFIG, _Log(), NOW_MS)
+    reader = entrylog.EntryLogReader(ldir / st.ENTRYLOG_DIR)
     try:
         live = {k: v for k, v in entries.items() if k[0] in ledgers}
         want = {lid: st.LedgerInfo(key, fenced, lac, max([e for (x, e) in live if x == lid],
@@ -206,7 +206,7 @@ def _read_back(flags: int, body: bytes, jdir: Path, ldir: Path) -> None:
     records = list(st.INDEX_RECORD.iter_unpack(index))
     (ldir / st.ENTRYLOG_DIR / st.entry_log_name(0)).write_bytes(log)
     (ldir / st.INDEX_FILE).write_bytes(index)
-    checkpoint._write_checkpoint(ldir, {
+    checkpoint.write_checkpoint(ldir, {
         "version": st.CHECKPOINT_VERSION, "journal_seq": 0, "journal_offset": 0,
         "entry_log_id": 0, "entry_log_length": len(log), "index_length": len(index),
         "ledgers": [[lid, b"k", False, -1, -1] for lid in {r[0] for r in records}],
@@ -234,10 +234,10 @@ def _readable(log: bytes, records: list[tuple[int, ...]]) -> dict[tuple[int, int
 
 def _read_entries(log: bytes, records: list[tuple[int, ...]], jdir: Path, ldir: Path) -> None:
     try:
-        rec = recovery._recover(jdir, ldir, CONFIG, _Log(), NOW_MS)
+        rec = recovery.recover(jdir, ldir, CONFIG, _Log(), NOW_MS)
     except BookieIOError:
         return
-    reader = entrylog._EntryLogReader(ldir / st.ENTRYLOG_DIR)
+    reader = entrylog.EntryLogReader(ldir / st.ENTRYLOG_DIR)
     try:
         for lid, first in sorted({(r[0], r[1]) for r in records}):
             locs: list[st.Location] = []
@@ -270,7 +270,7 @@ def _checkpoint(flags: int, payload: bytes, jdir: Path, ldir: Path) -> None:
     (ldir / st.CHECKPOINT_FILE).write_bytes(struct.pack("<Q", checksum % 2**64) + payload)
     try:
         st.read_checkpoint(ldir)
-        recovery._recover(jdir, ldir, CONFIG, _Log(), NOW_MS).writer.close()
+        recovery.recover(jdir, ldir, CONFIG, _Log(), NOW_MS).writer.close()
     except BookieIOError:  # F2 (fixed): also a checksummed but malformed payload
         pass
 
@@ -279,7 +279,7 @@ def check(data: bytes) -> None:
     if len(data) < 14:
         return
     name = data[2:14].decode("latin-1")
-    log_id = entrylog._parse_entry_log_name(name)
+    log_id = entrylog.parse_entry_log_name(name)
     if log_id is not None and st.entry_log_name(log_id) != name:  # F4 (fixed)
         raise _harness.Finding(f"{name!r} parses as entry log {log_id}")
     mode, flags, body = data[0] % 3, data[1], data[14:]

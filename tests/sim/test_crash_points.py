@@ -40,6 +40,7 @@ class _CutRun(_Run):
 
     def __init__(self, backend: str, cut_at: int | None, workload: int = 0) -> None:
         super().__init__(WORKLOAD_SEED + workload, backend)
+        self.delete_roll = 0.95  # deletions enough to rewrite index.log
         self.cut_at = cut_at
         self.workload_ops = 0
         """File operations up to the end of the first process (its close, or the cut)."""
@@ -48,7 +49,9 @@ class _CutRun(_Run):
         config = BookieConfig(**{
             **SIM_STORAGE_CONFIG, "journal_file_bytes_max": 2048,
             "entry_log_bytes_max": 2048, "entry_log_flush_bytes": 1024,
-            "checkpoint_interval_s": 0.02, "index_backend": self.backend}).validate()
+            "checkpoint_interval_s": 0.02, "index_backend": self.backend,
+            "index_write_cache_entries_max": 16,  # (lmdb: layers of 4 keys)
+            "index_log_compaction_bytes_min": 0}).validate()  # (memory: rewritten often)
         if self.cut_at is not None:
             self.fs.power_cut_after(self.cut_at, torn=self.cut_at % 2 == 1,
                                     then=self.kv.crash if self.kv is not None else None)
@@ -67,6 +70,7 @@ class _CutRun(_Run):
             if i % 3 == 0:
                 await asyncio.sleep(0.004)
         await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 60)
+        self.note(storage)
         try:
             if not self.fs.crashes:
                 await storage.close()
@@ -104,6 +108,9 @@ def test_a_power_cut_before_any_file_operation_loses_nothing_acknowledged(
     assert not whole.violations, whole.violations
     total = whole.workload_ops
     assert whole.stats["acked"] > 10 and total > 150, (whole.stats, total)  # a real workload
+    # ... in which the index's background work happens, so cuts strike its steps
+    key = "index_background_flushes" if backend == "lmdb" else "index_log_compactions"
+    assert whole.stats[key] > 0, whole.stats
     failures = []
     for k in _points(total):
         r = _run(backend, k, workload)

@@ -17,7 +17,7 @@ from asyncbk.bookie.storage import (
     entry_log_name,
     read_checkpoint,
 )
-from asyncbk.bookie.storage.entrylog import _EntryLogReader, _parse_entry_log_name
+from asyncbk.bookie.storage.entrylog import EntryLogReader, parse_entry_log_name
 from asyncbk.config import BookieConfig
 from asyncbk.errors import BookieIOError, ProtocolError
 from asyncbk.proto import Op, decode_request, decode_response
@@ -111,7 +111,7 @@ def test_the_entry_log_reader_refuses_impossible_locations(
         return real(fd, length, offset)
 
     monkeypatch.setattr(os, "pread", pread)
-    reader = _EntryLogReader(tmp_path)
+    reader = EntryLogReader(tmp_path)
     try:
         with pytest.raises(BookieIOError):
             reader.read(loc, 1, 0)
@@ -127,9 +127,9 @@ def test_the_entry_log_reader_refuses_impossible_locations(
                                   "0000_001.log", "-0000001.log", "+0000001.log",
                                   "0000000A.log", "0000000a.LOG"])
 def test_only_entry_log_names_parse(name: str) -> None:
-    assert _parse_entry_log_name(name) is None
+    assert parse_entry_log_name(name) is None
 
 
 @pytest.mark.parametrize("log_id", [0, 1, 0xABCDEF12, 0xFFFFFFFF])
 def test_entry_log_names_round_trip(log_id: int) -> None:
-    assert _parse_entry_log_name(entry_log_name(log_id)) == log_id
+    assert parse_entry_log_name(entry_log_name(log_id)) == log_id

@@ -264,7 +264,7 @@ async def test_a_crash_during_the_migration_runs_it_again(
         else:  # after it, before index.log is removed
             def boom2(io: Any, ledger_dir: Path) -> None:
                 raise OSError("crash")
-            m.setattr(ledger_storage_mod, "_remove_index_log", boom2)
+            m.setattr(ledger_storage_mod, "remove_index_log", boom2)
         with pytest.raises(OSError):
             await open_storage(tmp_path, "lmdb")
     assert (tmp_path / "ledgers" / "index.log").exists()

@@ -57,17 +57,19 @@ def _model_range(model: dict[bytes, bytes], lo: bytes, hi: bytes, limit: int,
 
 
 @settings(max_examples=300, deadline=None)
-@given(cache_ops, st.sampled_from([1, 2, 3, 1024]))
-def test_the_cache_behaves_as_a_sorted_map(ops: list[tuple[Any, ...]], chunk: int) -> None:
+@given(cache_ops, st.sampled_from([1, 2, 3, 1024]), st.sampled_from([1, 3, 8, 16384]))
+def test_the_cache_behaves_as_a_sorted_map(ops: list[tuple[Any, ...]], chunk: int,
+                                           layer_keys: int) -> None:
     """Random transactions, reads (ranges with limits, reversed) and freezes / flushes
     at random points, with tiny range chunks (many rounds, tombstones hiding inner
-    keys): every answer is the model's, and a flush leaves in the inner KV exactly
-    the state at the last freeze."""
+    keys) and tiny layers (frozen by the commit that fills them): every answer is the
+    model's, and a flush leaves in the inner KV exactly the state at the last freeze,
+    one inner transaction per frozen layer."""
     saved = writecache_mod._CHUNK, writecache_mod._CHUNK_MAX
     writecache_mod._CHUNK, writecache_mod._CHUNK_MAX = chunk, max(chunk, 4)
     try:
         inner = SimKVStore(random.Random(0)).open()
-        kv = WriteCacheKV(inner, entries_max=10)
+        kv = WriteCacheKV(inner, entries_max=10, layer_keys_max=layer_keys)
         committed: dict[bytes, bytes] = {}
         frozen: dict[bytes, bytes] | None = None
         w = kv.write()
@@ -98,8 +100,12 @@ def test_the_cache_behaves_as_a_sorted_map(ops: list[tuple[Any, ...]], chunk: in
                 assert w.get(_k(op[1])) == txn.get(_k(op[1]))
             elif kind in ("commit", "abort"):
                 if kind == "commit":
+                    freezes = kv.freezes
                     w.commit()
                     committed = dict(txn)
+                    if kv.freezes != freezes:  # the commit filled its layer
+                        assert kv.current_entries == 0
+                        frozen = dict(committed)
                 else:
                     w.abort()
                 w = kv.write()
@@ -114,7 +120,9 @@ def test_the_cache_behaves_as_a_sorted_map(ops: list[tuple[Any, ...]], chunk: in
                 kv.freeze()
                 frozen = dict(committed)
             elif kind == "flush":
+                layers, flushes = len(kv._frozen), kv.flushes
                 kv.flush()
+                assert kv.flushes == flushes + layers and kv.frozen_entries == 0
                 if frozen is not None:
                     assert dict(inner.range(b"", b"\xff")) == frozen
                     frozen = None
@@ -123,7 +131,8 @@ def test_the_cache_behaves_as_a_sorted_map(ops: list[tuple[Any, ...]], chunk: in
                 frozen = None
                 assert dict(inner.range(b"", b"\xff")) == committed
                 assert kv.cached_entries == 0
-            assert kv.over_limit == (kv.current_entries > 10)
+            assert kv.over_limit == (kv.cached_entries > 10)
+            assert kv.current_entries < layer_keys  # (a commit that fills it freezes it)
         w.commit()
         committed = txn
         assert kv.range(b"", b"\xff") == sorted(committed.items())
@@ -233,6 +242,9 @@ def test_an_inner_error_becomes_oserror(tmp_path: Path) -> None:
             self.real = real
 
         def put(self, key: bytes, value: bytes) -> None:
+            raise inner._lmdb.MapFullError("full")
+
+        def put_many(self, items: list[tuple[bytes, bytes]]) -> None:
             raise inner._lmdb.MapFullError("full")
 
         def __getattr__(self, name: str) -> Any:

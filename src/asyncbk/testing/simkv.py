@@ -12,8 +12,8 @@ any failed sync.
 
 The storage runs it behind its real write cache
 (:class:`~asyncbk.bookie.storage.writecache.WriteCacheKV`), which commits here only
-when it flushes (at checkpoints, in start-up work) and syncs right after each
-commit: commit plus sync is one LMDB commit with ``sync=True`` (durable once it
+when it flushes a frozen layer (in the background as layers fill, before each
+checkpoint, in start-up work) and syncs right after each commit: commit plus sync is one LMDB commit with ``sync=True`` (durable once it
 returned), and a sync that fails is such a commit failing in its fsync (its
 transaction may or may not survive a crash; the cache keeps the data and the
 storage fails the journal).  The draw among commits without a sync is kept for
@@ -112,6 +112,10 @@ class _SimWrite:
 
     def put(self, key: bytes, value: bytes) -> None:
         self._changes[key] = bytes(value)
+
+    def put_many(self, items: list[tuple[bytes, bytes]]) -> None:
+        for key, value in items:
+            self.put(key, value)
 
     def swap(self, key: bytes, value: bytes) -> bytes | None:
         old = self.get(key)

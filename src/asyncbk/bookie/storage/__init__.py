@@ -30,18 +30,25 @@ On disk
     dropped then.  No checksum: only the prefix recorded in the checkpoint
     (which was fsynced before the checkpoint was written) is ever trusted;
     anything after it is cut and rebuilt from the journal (a replayed
-    re-creation writes its marker again).
+    re-creation writes its marker again).  Rewritten at a checkpoint once at least
+    half of it is dead (``index_log_compaction_bytes_min``; :mod:`.indexlog`): the
+    rewrite, ``index.log.compact``, is named by a checkpoint (version 3) before it is
+    renamed over index.log.
 ``ledger_dir/index.lmdb/``
     With ``index_backend = "lmdb"`` instead of index.log: the index on disk
     (:mod:`.kvindex`, over the :mod:`.kv` seam).  Each journal batch's index changes
     are one transaction on the writer thread into a bounded in-memory write cache
     (:mod:`.writecache`, ``index_write_cache_entries_max``; past it a checkpoint
-    starts early), frozen at each checkpoint's capture and written to LMDB as one
-    fully synced transaction before the checkpoint (version 2) is written, so the
-    LMDB file survives a power cut whole.  At start, entries placed after the mark
-    are cut and the journal replay re-puts them.  A memory-backend dir is migrated (index.log loaded with its deletion
-    markers, synced, checkpoint, index.log removed; a crash re-runs it); an lmdb
-    dir opened with "memory" is refused.  See docs/storage.md.
+    starts early), made of layers of up to 16,384 keys: each full layer, and the
+    current one at each checkpoint's capture, is frozen and written to LMDB (in the
+    background, and before the checkpoint, version 2, is written) as one fully
+    synced transaction, so the LMDB file changes by whole batches, survives a power
+    cut whole and is never written in one long burst.  At start, entries placed after
+    the mark are cut and the journal replay re-puts them (a compaction re-indexes its
+    copies only once a checkpoint covers them).  A memory-backend dir is migrated
+    (index.log loaded with its deletion markers, synced, checkpoint, index.log
+    removed; a crash re-runs it); an lmdb dir opened with "memory" is refused.  See
+    docs/storage.md.
 ``ledger_dir/checkpoint``
     8-byte xxh3_64 of the rest, then a msgpack map: the *mark* (journal seq
     and offset after the last batch covered, entry log id and length, index
@@ -90,13 +97,13 @@ Time (tombstone ages, the housekeeping and compaction sleeps, compaction
 pacing) comes from the injected :class:`~asyncbk.clock.Clock`.
 
 Limits (deliberate, for now): with ``index_backend = "memory"`` the index is in memory (:class:`LedgerIndex`,
-about 12 bytes per stored entry) and start-up reads all of index.log;
-index.log is append-only: compaction does not rewrite it, so records of
-moved and deleted entries stay in it and are superseded (a later record for
-the same entry wins) or dropped (the ledger is gone, or a deletion marker
-follows them) when it is loaded.  The writer keeps the ids of the deleted
-ledgers whose records index.log still holds without a marker (a set, rebuilt at
-start), so that their re-creation can write one.
+about 12 bytes per stored entry) and start-up reads all of index.log.  Between its
+rewrites index.log is append-only: records of moved and deleted entries stay in it
+and are superseded (a later record for the same entry wins) or dropped (the ledger
+is gone, or a deletion marker follows them) when it is loaded; a rewrite keeps one
+record per stored entry.  The writer keeps the ids of the deleted ledgers whose
+records index.log may still hold without a marker (a set, rebuilt at start), so
+that their re-creation can write one.
 
 Modules
 -------
@@ -121,6 +128,12 @@ Modules
     entry log naming, writer (entry logs + index.log) and reader.
 :mod:`.checkpoint`
     the checkpoint file and the journaled ledger state it records.
+:mod:`.checkpointer`
+    when checkpoints run and what they do (and the background flushes and rewrites).
+:mod:`.indexlog`
+    the crash-safe rewrite of ``index.log`` once most of it is dead.
+:mod:`.writecache`
+    the on-disk index's write cache, written to LMDB a layer at a time.
 :mod:`.recovery`
     start-up: checkpoint, index and journal replay.
 :mod:`.compaction`

@@ -4,38 +4,42 @@ and indexed, the other records applied to the durable ledger state, in journal o
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..fileio import FileIO
 from ..journal_format import TYPE_ADD, TYPE_DELETE_LEDGER
-from .checkpoint import _apply_op, _DurableState
-from .entrylog import _EntryLogWriter
-from .index import INDEX_FILE, Location
+from .checkpoint import DurableState, apply_op
+from .entrylog import EntryLogWriter
+from .index import Location
 from .kvindex import IndexOp, KVEntryIndex
 
-_BatchApplied = tuple[list[tuple[int, int, Location, Any]], list[int], dict[int, int] | None]
-"""What :meth:`LedgerStorage.apply_in_writer` hands the loop: the adds written
-``(ledger, entry, location, the LedgerInfo they were added to)``, the ledgers
-deleted, and (on-disk index) the change of each entry log's live bytes."""
+AddedEntry = tuple[int, int, Location, Any]
+"""An add written: ``(ledger, entry, location, the LedgerInfo it was added to)`` (a plain
+tuple: one per entry, on the hot path)."""
 
 
-def _remove_index_log(io: FileIO, ledger_dir: Path) -> None:
-    io.unlink(ledger_dir / INDEX_FILE, missing_ok=True)
-    io.fsync_dir(ledger_dir)
+class BatchApplied(NamedTuple):
+    """What :meth:`LedgerStorage.apply_in_writer` hands the loop for one batch."""
+
+    added: list[AddedEntry]
+    """The adds written, in journal order."""
+    deleted: list[int]
+    """The ledgers whose deletion was applied, in journal order."""
+    live: dict[int, int] | None
+    """On-disk index: the change of each entry log's live bytes (None: in-memory index,
+    whose live bytes the loop keeps as it indexes the adds)."""
 
 
-def write_batch(writer: _EntryLogWriter, kv_index: KVEntryIndex | None, durable: _DurableState,
-                records: list[bytes], items: list[Any]) -> _BatchApplied:
+def write_batch(writer: EntryLogWriter, kv_index: KVEntryIndex | None, durable: DurableState,
+                records: list[bytes], items: list[Any]) -> BatchApplied:
     """Writer thread, after the batch's fsync: copy ADD records to the entry
     log + index (the on-disk one: one transaction), apply the other records to
     the durable ledger state, all in journal order (a deletion between adds of
     its ledger stays between them).  With index.log, the first record of a ledger
     re-created after its deletion appends the deletion marker first
-    (:meth:`_EntryLogWriter.mark_if_due`): the index records written before it
+    (:meth:`EntryLogWriter.mark_if_due`): the index records written before it
     come before the marker, those of the new ledger after it."""
     ops: list[IndexOp] = []
-    added: list[tuple[int, int, Location, Any]] = []
+    added: list[AddedEntry] = []
     deleted: list[int] = []
     add_records: list[bytes] = []
     add_items: list[Any] = []
@@ -64,7 +68,7 @@ def write_batch(writer: _EntryLogWriter, kv_index: KVEntryIndex | None, durable:
             ops.append(("del", item[1]))
             deleted.append(item[1])
             writer.ledger_deleted(item[1])
-        _apply_op(durable, kind, item[1], item[2])
+        apply_op(durable, kind, item[1], item[2])
     flush()
     live = kv_index.apply(ops) if kv_index is not None and ops else None
-    return added, deleted, live
+    return BatchApplied(added, deleted, live)

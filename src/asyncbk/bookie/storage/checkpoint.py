@@ -1,12 +1,13 @@
 """Checkpoints: the file ``ledger_dir/checkpoint`` (read, validated, written
 atomically) and the journaled ledger state it records.
 
-:class:`_DurableState` is every ledger's state as of the last journal batch
-written, kept by the journal's writer thread (:func:`_apply_op`, per batch) so
-that :func:`_capture` can snapshot exactly the state of the journal prefix a
+:class:`DurableState` is every ledger's state as of the last journal batch
+written, kept by the journal's writer thread (:func:`apply_op`, per batch) so
+that :func:`capture_checkpoint` can snapshot exactly the state of the journal prefix a
 checkpoint covers (and freeze the on-disk index's write cache at that point);
-:func:`_make_durable` then (another thread) fsyncs the entry logs, flushes the
-frozen index changes into LMDB and writes the checkpoint.
+:func:`make_durable` then (another thread) fsyncs the entry logs, flushes the
+frozen index changes into LMDB (those a background flush has not written yet) and
+writes the checkpoint.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import xxhash
 from ...errors import BookieIOError
 from ..fileio import OS_FILE_IO, FileIO
 from ..journal_format import TYPE_DELETE_LEDGER, TYPE_EXPLICIT_LAC, TYPE_FENCE, TYPE_LEDGER_KEY
-from .entrylog import ENTRYLOG_DIR, _EntryLogWriter, _sync_and_close
+from .entrylog import ENTRYLOG_DIR, EntryLogWriter, sync_and_close
+from .index import INDEX_FILE
+from .indexlog import INDEX_COMPACT_FILE
 from .writecache import WriteCacheKV
 
 CHECKPOINT_FILE = "checkpoint"
@@ -31,11 +34,15 @@ CHECKPOINT_VERSION = 1
 CHECKPOINT_VERSION_KV = 2
 """The version with the on-disk index (``"index": "lmdb"``): older code refuses it
 instead of starting with no index."""
+CHECKPOINT_VERSION_INDEX_FILE = 3
+"""The version of a checkpoint that names the file its index length covers
+(``"index_file"``: the rewrite of index.log, :mod:`.indexlog`, before it is renamed
+over index.log): older code refuses it instead of reading index.log."""
 _CHECKSUM = struct.Struct("<Q")
 
 
 @dataclass(slots=True)
-class _DurableLedger:
+class DurableLedger:
     """A ledger's journaled state, as of the last batch written (writer thread only)."""
 
     master_key: bytes
@@ -45,10 +52,16 @@ class _DurableLedger:
 
 
 @dataclass
-class _CheckpointWork:
+class CheckpointWork:
+    """A checkpoint captured on the writer thread (:func:`capture_checkpoint`), for
+    :func:`make_durable` to finish on another thread."""
+
     key: tuple[Any, ...]
+    """What it covers (mark and LACs): an equal key later means nothing changed."""
     payload: dict[str, Any]
+    """The checkpoint file's content."""
     fds: list[int]
+    """Descriptors to fdatasync and close before the file is written (entry logs, index)."""
     kv: WriteCacheKV | None = None
     """The on-disk index's write cache, frozen at the capture: flushed before the
     checkpoint is written (None: index.log)."""
@@ -56,6 +69,9 @@ class _CheckpointWork:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointMark:
+    """Where a checkpoint stands: the journal position just past the last batch it
+    covers, and the entry log and index lengths those batches reached."""
+
     journal_seq: int = 0
     journal_offset: int = 0
     entry_log_id: int = 0
@@ -63,7 +79,7 @@ class CheckpointMark:
     index_length: int = 0
 
 
-class _DurableState(dict[int, _DurableLedger]):
+class DurableState(dict[int, DurableLedger]):
     """The journaled state of every ledger (writer thread only), and the tombstones
     of deleted ones: ``{ledger id: deletion time (epoch ms)}``.  A tombstone makes
     the bookie refuse a deleted ledger's adds (a zombie writer's), as its fence did;
@@ -74,13 +90,13 @@ class _DurableState(dict[int, _DurableLedger]):
         self.tombstones: dict[int, int] = {}
 
 
-def _apply_op(durable: _DurableState, kind: int, ledger_id: int, value: Any) -> None:
+def apply_op(durable: DurableState, kind: int, ledger_id: int, value: Any) -> None:
     """Apply a non-ADD journal operation to the durable ledger state.  ``value``: the
     master key (LEDGER_KEY), the LAC (EXPLICIT_LAC), the deletion time in epoch ms
     from the storage's clock (DELETE_LEDGER), else None."""
     if kind == TYPE_LEDGER_KEY:
         if ledger_id not in durable:
-            durable[ledger_id] = _DurableLedger(bytes(value))
+            durable[ledger_id] = DurableLedger(bytes(value))
         durable.tombstones.pop(ledger_id, None)
         return
     if kind == TYPE_DELETE_LEDGER:
@@ -89,7 +105,7 @@ def _apply_op(durable: _DurableState, kind: int, ledger_id: int, value: Any) -> 
         return
     d = durable.get(ledger_id)
     if d is None:  # cannot happen (LEDGER_KEY is journaled first); keep the op anyway
-        d = durable[ledger_id] = _DurableLedger(b"")
+        d = durable[ledger_id] = DurableLedger(b"")
     if kind == TYPE_FENCE:
         d.fenced = True
     elif kind == TYPE_EXPLICIT_LAC and value > d.explicit_lac:
@@ -117,7 +133,7 @@ def read_checkpoint(ledger_dir: Path, io: FileIO = OS_FILE_IO) -> dict[str, Any]
     except Exception as exc:  # msgpack raises several types
         raise BookieIOError(f"{path}: checkpoint is not msgpack ({type(exc).__name__})") from None
     if not isinstance(payload, dict) or payload.get("version") not in (
-            CHECKPOINT_VERSION, CHECKPOINT_VERSION_KV):
+            CHECKPOINT_VERSION, CHECKPOINT_VERSION_KV, CHECKPOINT_VERSION_INDEX_FILE):
         raise BookieIOError(f"{path}: unsupported checkpoint")
     if not _checkpoint_well_formed(payload):
         raise BookieIOError(f"{path}: malformed checkpoint")
@@ -125,12 +141,15 @@ def read_checkpoint(ledger_dir: Path, io: FileIO = OS_FILE_IO) -> dict[str, Any]
 
 
 def _checkpoint_well_formed(payload: dict[str, Any]) -> bool:
-    """The fields :func:`.recovery._recover` uses, with their types and ranges."""
+    """The fields :func:`.recovery.recover` uses, with their types and ranges."""
     def uint(v: Any, top: int = 2**63 - 1) -> bool:
         return type(v) is int and 0 <= v <= top
 
     ledgers, tombstones = payload.get("ledgers"), payload.get("tombstones", [])
-    return (all(uint(payload.get(k)) for k in ("journal_seq", "journal_offset",
+    index_file = payload.get("index_file", INDEX_FILE)
+    return (index_file in (INDEX_FILE, INDEX_COMPACT_FILE)
+            and (index_file == INDEX_FILE) == (payload["version"] != CHECKPOINT_VERSION_INDEX_FILE)
+            and all(uint(payload.get(k)) for k in ("journal_seq", "journal_offset",
                                                "entry_log_length", "index_length"))
             and uint(payload.get("entry_log_id"), 0xFFFFFFFF)
             and type(ledgers) is list and all(
@@ -142,8 +161,10 @@ def _checkpoint_well_formed(payload: dict[str, Any]) -> bool:
                 for x in tombstones))
 
 
-def _write_checkpoint(ledger_dir: Path, payload: dict[str, Any],
-                      io: FileIO = OS_FILE_IO) -> None:
+def write_checkpoint(ledger_dir: Path, payload: dict[str, Any],
+                     io: FileIO = OS_FILE_IO) -> None:
+    """Replace the checkpoint file atomically: ``checkpoint.tmp`` written and fsynced,
+    renamed over ``checkpoint``, the directory fsynced."""
     data = msgpack.packb(payload, use_bin_type=True)
     blob = _CHECKSUM.pack(xxhash.xxh3_64_intdigest(data)) + data
     tmp = ledger_dir / (CHECKPOINT_FILE + ".tmp")
@@ -157,21 +178,22 @@ def _write_checkpoint(ledger_dir: Path, payload: dict[str, Any],
     io.fsync_dir(ledger_dir)
 
 
-def _capture(position: tuple[int, int], writer: _EntryLogWriter, durable: _DurableState,
-             lacs: dict[int, int], now_ms: int, tombstone_s: float,
-             last_key: tuple[Any, ...] | None, kv: WriteCacheKV | None = None
-             ) -> _CheckpointWork | None:
+def capture_checkpoint(position: tuple[int, int], writer: EntryLogWriter,
+                       durable: DurableState, lacs: dict[int, int], now_ms: int,
+                       tombstone_s: float, last_key: tuple[Any, ...] | None,
+                       kv: WriteCacheKV | None = None) -> CheckpointWork | None:
     """Writer thread, between batches: what a checkpoint at journal ``position``
     records, None if that is what the last one (``last_key``) recorded.  ``lacs``: the
     loop's LACs, merged in; ``now_ms``: the clock's wall time when the checkpoint
     began (tombstones older than ``tombstone_s`` are dropped); ``kv``: the on-disk
-    index's write cache, None with index.log: frozen here, between batches, so the
-    flush before the checkpoint is written holds exactly the index changes of the
-    batches the mark covers (never more: a compaction's relocation after the mark,
-    flushed and then cut at start as "placed after the mark", would lose the
-    entries it moved)."""
+    index's write cache, None with index.log: its current layer is frozen here,
+    between batches, so the flush before the checkpoint is written makes durable every
+    index change of the batches the mark covers (the background flushes may have
+    written later layers already: LMDB ahead of the mark is what a restart cuts, and a
+    compaction re-indexes a copy only once a checkpoint covers it)."""
     seq, offset = position
-    key = (seq, offset, writer.log_id, writer.length, writer.index_length, lacs)
+    key = (seq, offset, writer.log_id, writer.length, writer.index_file, writer.index_length,
+           lacs, kv.commits if kv is not None else 0)  # (a compaction's re-indexing)
     if key == last_key:
         return None
     ledgers = []
@@ -197,13 +219,16 @@ def _capture(position: tuple[int, int], writer: _EntryLogWriter, durable: _Durab
     if kv is not None:
         payload["index"] = "lmdb"  # (the memory backend's checkpoint stays v1's bytes)
         kv.freeze()
-    return _CheckpointWork(key, payload, writer.take_for_sync(), kv)
+    elif writer.index_file != INDEX_FILE:  # index.log being rewritten (.indexlog)
+        payload["version"] = CHECKPOINT_VERSION_INDEX_FILE
+        payload["index_file"] = writer.index_file
+    return CheckpointWork(key, payload, writer.take_for_sync(), kv)
 
 
-def _make_durable(io: FileIO, work: _CheckpointWork, ledger_dir: Path) -> None:
+def make_durable(io: FileIO, work: CheckpointWork, ledger_dir: Path) -> None:
     """A worker thread: make the captured state durable, then write the mark."""
-    _sync_and_close(io, work.fds)
+    sync_and_close(io, work.fds)
     io.fsync_dir(ledger_dir / ENTRYLOG_DIR)  # entry logs created since the last one
     if work.kv is not None:
-        work.kv.flush()  # every index commit up to the mark durable (one LMDB commit)
-    _write_checkpoint(ledger_dir, work.payload, io)
+        work.kv.flush()  # every index commit up to the mark durable (a commit per layer)
+    write_checkpoint(ledger_dir, work.payload, io)

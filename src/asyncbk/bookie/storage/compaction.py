@@ -5,6 +5,15 @@ then deleting those logs (driven by :mod:`..gc` through
 The records are copied verbatim through the journal's writer thread (so they
 interleave with adds), paced by a :class:`~asyncbk.clock.RateLimiter`; one
 checkpoint makes the copies durable before the old logs go.
+
+With the on-disk index, the copies are re-indexed only once a checkpoint covers
+them (:data:`RELOCATE_ENTRIES_MAX` at a time): LMDB may be written ahead of the
+checkpoint's mark (the write cache flushes its layers in the background), and a
+restart cuts every entry placed after the mark, relying on the journal to put it
+back, which it cannot for a move.  An entry pointed at a copy the restart cut
+would be lost, though its old log is still there; pointed at a copy below the
+mark, it never is.  (With ``index.log``, a move after the mark is cut with the
+file and the record before it, still in the file, points at the old log.)
 """
 
 from __future__ import annotations
@@ -19,12 +28,12 @@ from ..fileio import FileIO, Worker
 from ..journal import Journal
 from ..journal_format import TYPE_ADD, AddRecord, scan_records
 from .entrylog import (
-    _entry_log_sizes,
-    _EntryLogReader,
-    _EntryLogWriter,
-    _pread_path,
-    _unlink_quietly,
+    EntryLogReader,
+    EntryLogWriter,
     entry_log_name,
+    entry_log_sizes,
+    pread_path,
+    unlink_quietly,
 )
 from .index import EntryIndex, Location
 from .kvindex import KVEntryIndex
@@ -32,6 +41,9 @@ from .kvindex import KVEntryIndex
 COMPACTION_CHUNK_BYTES = 4 * 1024 * 1024
 COMPACTION_READ_GRACE_S = 0.5
 """After moving a log's entries, how long reads that already looked up the old place get."""
+RELOCATE_ENTRIES_MAX = 65_536
+"""On-disk index: entries copied before a checkpoint covers the copies and they are
+re-indexed (module docstring); bounds the moves kept in memory meanwhile."""
 
 
 class EntryLogCompactor:
@@ -41,8 +53,8 @@ class EntryLogCompactor:
     ``live`` (live bytes of each entry log), and takes its checkpoints.
     """
 
-    def __init__(self, *, entrylog_dir: Path, index: EntryIndex | KVEntryIndex, writer: _EntryLogWriter,
-                 reader: _EntryLogReader, journal: Journal, read_pool: Worker,
+    def __init__(self, *, entrylog_dir: Path, index: EntryIndex | KVEntryIndex, writer: EntryLogWriter,
+                 reader: EntryLogReader, journal: Journal, read_pool: Worker,
                  live: dict[int, int], checkpoint: Callable[[], Awaitable[None]],
                  clock: Clock, log: Any, io: FileIO) -> None:
         self._io = io
@@ -65,7 +77,7 @@ class EntryLogCompactor:
         """``{log id: (live bytes, file bytes)}`` of every finished entry log (not the
         one being written).  The directory is listed off the event loop."""
         current = self._writer.log_id
-        sizes = await self._read_pool.run(_entry_log_sizes, self._io, self._entrylog_dir)
+        sizes = await self._read_pool.run(entry_log_sizes, self._io, self._entrylog_dir)
         live = self._live
         return {log_id: (max(0, live.get(log_id, 0)), size)
                 for log_id, size in sizes.items() if log_id < current}
@@ -92,7 +104,7 @@ class EntryLogCompactor:
         for log_id in log_ids:
             path = self._entrylog_dir / entry_log_name(log_id)
             await self._read_pool.run(self._reader.forget, log_id)
-            await self._read_pool.run(_unlink_quietly, self._io, path)
+            await self._read_pool.run(unlink_quietly, self._io, path)
             self._live.pop(log_id, None)
         total = sum(sizes.values())
         self.compactions += len(log_ids)
@@ -106,8 +118,11 @@ class EntryLogCompactor:
                                  pacer: RateLimiter) -> int:
         offset = 0
         moved = 0
+        kv_index = self._index if isinstance(self._index, KVEntryIndex) else None
+        copies: list[tuple[Location, tuple[int, int, Location]]] = []
+        """On-disk index: copies written, not yet re-indexed (old place, new entry)."""
         while offset < size:
-            data = await self._read_pool.run(_pread_path, self._io, path,
+            data = await self._read_pool.run(pread_path, self._io, path,
                                              COMPACTION_CHUNK_BYTES, offset)
             if not data:
                 break
@@ -130,24 +145,32 @@ class EntryLogCompactor:
                 olds.append(loc)
             del view
             if raws:
-                if isinstance(self._index, KVEntryIndex):
-                    delta = await self._journal.run_in_writer(
-                        self._move_in_writer, self._index, raws, items, olds)
-                    for moved_log, change in delta.items():
-                        self._live[moved_log] = self._live.get(moved_log, 0) + change
+                result = await self._journal.run_in_writer(self._writer.append, raws, items)
+                if kv_index is not None:
+                    copies.extend(zip(olds, result, strict=True))
+                    if len(copies) >= RELOCATE_ENTRIES_MAX:
+                        await self._relocate_on_disk(kv_index, copies)
+                        copies = []
                 else:
-                    result = await self._journal.run_in_writer(self._writer.append, raws, items)
                     self._relocate(olds, result)
                 moved += sum(len(r) for r in raws)
             offset += good
             await pacer.acquire(good)
+        if kv_index is not None and copies:
+            await self._relocate_on_disk(kv_index, copies)
         return moved
 
-    def _move_in_writer(self, index: KVEntryIndex, raws: list[bytes],
-                        items: list[tuple[int, int, Any]], olds: list[Location]
-                        ) -> dict[int, int]:
-        """Writer thread (on-disk index): copy, then re-point in one transaction."""
-        return index.relocate(olds, self._writer.append(raws, items))
+    async def _relocate_on_disk(self, index: KVEntryIndex,
+                                copies: list[tuple[Location, tuple[int, int, Location]]]
+                                ) -> None:
+        """On-disk index: a checkpoint covers the copies first (module docstring), then
+        the writer points the entries at them unless they changed meanwhile."""
+        await self._checkpoint()
+        delta = await self._journal.run_in_writer(
+            index.relocate, [old for old, _ in copies], [new for _, new in copies])
+        live = self._live
+        for log_id, change in delta.items():
+            live[log_id] = live.get(log_id, 0) + change
 
     def _relocate(self, olds: list[Location], result: list[tuple[int, int, Location]]) -> None:
         """Point moved entries at their new place, unless they changed meanwhile."""

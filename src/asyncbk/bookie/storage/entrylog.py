@@ -1,9 +1,9 @@
 """Entry logs: the journal's ADD records copied verbatim into
 ``ledger_dir/entrylog/<id:08x>.log``, and ``index.log`` beside them.
 
-Every file access of the entry logs is here: :class:`_EntryLogWriter` (the
+Every file access of the entry logs is here: :class:`EntryLogWriter` (the
 journal's writer thread, or the recovery thread during open) appends records and
-their index records; :class:`_EntryLogReader` (the read pool) reads them back,
+their index records; :class:`EntryLogReader` (the read pool) reads them back,
 verified; the helpers below list, read, delete and sync them for compaction and
 checkpoints.
 """
@@ -18,7 +18,8 @@ from typing import Any
 from ...errors import BookieIOError
 from ..fileio import OS_FILE_IO, FileIO
 from ..journal_format import HEADER_BYTES, AddRecord, decode_one, record_size_at
-from .index import INDEX_RECORD, RECORD_SPAN_MAX, Location, deletion_marker
+from .index import INDEX_FILE, INDEX_RECORD, RECORD_SPAN_MAX, Location, deletion_marker
+from .indexlog import INDEX_COMPACT_FILE
 
 ENTRYLOG_DIR = "entrylog"
 
@@ -27,7 +28,7 @@ def entry_log_name(log_id: int) -> str:
     return f"{log_id:08x}.log"
 
 
-def _parse_entry_log_name(name: str) -> int | None:
+def parse_entry_log_name(name: str) -> int | None:
     """The id of an entry log file name (``entry_log_name``'s inverse), else None."""
     if len(name) != 12 or not name.endswith(".log"):
         return None
@@ -37,7 +38,7 @@ def _parse_entry_log_name(name: str) -> int | None:
     return int(digits, 16)
 
 
-class _EntryLogWriter:
+class EntryLogWriter:
     """Appends ADD records to entry logs and index.log (``index_fd`` -1: none, the
     index is on disk).  Used by one thread at a time: the recovery thread during
     open, then the journal's writer thread.
@@ -56,6 +57,9 @@ class _EntryLogWriter:
         self.log_id = log_id
         self.length = length
         self.index_length = index_length
+        self.index_file = INDEX_FILE
+        """The name of the file ``index_fd`` appends to (another while index.log is
+        being rewritten: :mod:`.indexlog`)."""
         self._fd = fd
         self._index_fd = index_fd
         self._unsynced: list[int] = []
@@ -122,6 +126,31 @@ class _EntryLogWriter:
         self._fd = self.io.create(path, exclusive=True)
         self.log_id, self.length = new_id, 0
 
+    def switch_index(self, path: Path, covered: int, length: int) -> None:
+        """Append the index records from now on to ``path`` (a rewrite of the first
+        ``covered`` bytes of the current file, ``length`` bytes long: :mod:`.indexlog`),
+        after a copy of the records written after ``covered``."""
+        tail = self.io.pread(self._index_fd, self.index_length - covered, covered)
+        if len(tail) != self.index_length - covered:
+            raise BookieIOError(f"short read of the index ({len(tail)} bytes after {covered})")
+        fd = self.io.open_append(path)
+        try:
+            if self.io.size(fd) != length:
+                raise BookieIOError(f"{path} has {self.io.size(fd)} bytes, not {length}")
+            if tail:
+                self.io.write(fd, tail)
+        except BaseException:
+            self.io.close(fd)
+            raise
+        old, self._index_fd = self._index_fd, fd
+        self.index_file = path.name
+        self.index_length = length + len(tail)
+        self.io.close(old)
+
+    def index_renamed(self, name: str) -> None:
+        """The file the index records go to is now called ``name``."""
+        self.index_file = name
+
     def take_for_sync(self) -> list[int]:
         """File descriptors a checkpoint must fdatasync before its mark is written:
         the logs finished since the last checkpoint (handed over) and duplicates of
@@ -146,7 +175,7 @@ class _EntryLogWriter:
                 self.io.close(fd)
 
 
-class _EntryLogReader:
+class EntryLogReader:
     """``pread`` of entry records on the read pool; one read-only fd per log, kept open."""
 
     def __init__(self, directory: Path, io: FileIO = OS_FILE_IO) -> None:
@@ -241,16 +270,19 @@ class _EntryLogReader:
             self.io.close(fd)
 
 
-def _entry_log_sizes(io: FileIO, directory: Path) -> dict[int, int]:
+def entry_log_sizes(io: FileIO, directory: Path) -> dict[int, int]:
+    """``{log id: file bytes}`` of every entry log in ``directory`` (compaction's usage)."""
     out: dict[int, int] = {}
     for name, size in io.list_dir(directory):
-        log_id = _parse_entry_log_name(name)
+        log_id = parse_entry_log_name(name)
         if log_id is not None:
             out[log_id] = size
     return out
 
 
-def _pread_path(io: FileIO, path: Path, length: int, offset: int) -> bytes:
+def pread_path(io: FileIO, path: Path, length: int, offset: int) -> bytes:
+    """``length`` bytes of ``path`` from ``offset`` (a file opened for the read only), or
+    more if the record that starts there is longer (compaction's chunked scan)."""
     fd = io.open_read(path)
     try:
         data = io.pread(fd, length, offset)
@@ -259,16 +291,19 @@ def _pread_path(io: FileIO, path: Path, length: int, offset: int) -> bytes:
     # a record longer than the chunk: read exactly as much as it needs
     need = record_size_at(data, 0)
     if need is not None and need > len(data):
-        return _pread_path(io, path, need, offset)
+        return pread_path(io, path, need, offset)
     return data
 
 
-def _unlink_quietly(io: FileIO, path: Path) -> None:
+def unlink_quietly(io: FileIO, path: Path) -> None:
+    """Remove ``path`` if it is there, durably (its directory fsynced)."""
     io.unlink(path, missing_ok=True)
     io.fsync_dir(path.parent)
 
 
-def _sync_and_close(io: FileIO, fds: list[int]) -> None:
+def sync_and_close(io: FileIO, fds: list[int]) -> None:
+    """fdatasync each descriptor, then close them all (even after a failed sync, which
+    raises): what :meth:`EntryLogWriter.take_for_sync` handed over."""
     try:
         for fd in fds:
             io.fdatasync(fd)
@@ -276,3 +311,10 @@ def _sync_and_close(io: FileIO, fds: list[int]) -> None:
         for fd in fds:
             io.close(fd)
 
+
+def remove_index_log(io: FileIO, ledger_dir: Path) -> None:
+    """Remove ``index.log`` (and a rewrite of it) for good (the index moved to the
+    on-disk backend and a checkpoint naming it was written), durably."""
+    io.unlink(ledger_dir / INDEX_FILE, missing_ok=True)
+    io.unlink(ledger_dir / INDEX_COMPACT_FILE, missing_ok=True)
+    io.fsync_dir(ledger_dir)

@@ -3,7 +3,7 @@
 :class:`~.ledger_storage.LedgerStorage` uses an index only through
 :class:`EntryIndex`.  The one implementation so far is :class:`MemoryEntryIndex`, a
 :class:`LedgerIndex` (two arrays) per ledger, rebuilt at start from ``index.log``
-(:data:`INDEX_RECORD` records, appended by :class:`~.entrylog._EntryLogWriter` in
+(:data:`INDEX_RECORD` records, appended by :class:`~.entrylog.EntryLogWriter` in
 the same batch as the entry log and parsed by :func:`load_index_records`).
 
 A record is an entry's location, or a *deletion marker* (:func:`deletion_marker`):
@@ -125,6 +125,16 @@ class LedgerIndex:
                 yield pos >> 32, pos & 0xFFFFFFFF, n
         yield from self._sparse.values()
 
+    def items(self) -> Iterator[tuple[int, Location]]:
+        """``(entry id, location)`` of every stored entry, in id order."""
+        positions, lengths = self._positions, self._lengths
+        for i, n in enumerate(lengths):
+            if n:
+                pos = positions[i]
+                yield i, (pos >> 32, pos & 0xFFFFFFFF, n)
+        for entry_id in sorted(self._sparse):
+            yield entry_id, self._sparse[entry_id]
+
     def put(self, entry_id: int, loc: Location) -> Location | None:
         """Store ``loc`` for ``entry_id``; returns the location it replaces, if any."""
         lengths = self._lengths
@@ -226,6 +236,11 @@ class MemoryEntryIndex:
 
     def ledger_ids(self) -> list[int]:
         return list(self._ledgers)
+
+    def entries(self, ledger_id: int) -> Iterator[tuple[int, Location]]:
+        """``(entry id, location)`` of the ledger's entries, in id order."""
+        entries = self._ledgers.get(ledger_id)
+        return entries.items() if entries is not None else iter(())
 
     def locations(self) -> Iterator[Location]:
         for entries in self._ledgers.values():

@@ -8,9 +8,9 @@ readers (any thread) see the last committed state; one writer at a time opens a
 that of the last sync or of any commit after it, never a torn transaction.
 
 The storage puts a :class:`~.writecache.WriteCacheKV` in front of the LMDB one:
-the journal's batches commit to the cache's in-memory overlay, and the LMDB
-environment sees one write transaction per checkpoint (the cache's flush, plus
-start-up work).  :class:`LmdbKV` therefore commits durably: ``sync=True,
+the journal's batches commit to the cache's in-memory layers, and the LMDB
+environment sees one write transaction per frozen layer (a few thousand entries'
+worth, written in the background and before each checkpoint, plus start-up work).  :class:`LmdbKV` therefore commits durably: ``sync=True,
 metasync=True`` (LMDB writes and fsyncs the data pages, then writes and fsyncs
 the meta page), never ``writemap``, so a committed transaction survives a power
 cut whole and the B-tree never depends on the file system's write order.  The
@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from ...config import require_lmdb
 from ...errors import BookieIOError
 
 LMDB_DIR = "index.lmdb"
@@ -43,6 +44,10 @@ class KVWrite(Protocol):
     def get(self, key: bytes) -> bytes | None: ...
 
     def put(self, key: bytes, value: bytes) -> None: ...
+
+    def put_many(self, items: list[tuple[bytes, bytes]]) -> None:
+        """:meth:`put` of each item, in order (one call: LMDB runs the loop in C)."""
+        ...
 
     def swap(self, key: bytes, value: bytes) -> bytes | None:
         """Put; returns the value it replaced."""
@@ -99,6 +104,11 @@ class _LmdbWrite:
     def put(self, key: bytes, value: bytes) -> None:
         self._txn.put(key, value)  # type: ignore[attr-defined]
 
+    def put_many(self, items: list[tuple[bytes, bytes]]) -> None:
+        if items:
+            self._txn.cursor().putmulti(  # type: ignore[attr-defined]
+                items, dupdata=False, overwrite=True)
+
     def swap(self, key: bytes, value: bytes) -> bytes | None:
         return self._txn.replace(key, value)  # type: ignore[attr-defined]
 
@@ -141,6 +151,7 @@ class LmdbKV:
     does, the write fails (and with it the checkpoint, and the journal)."""
 
     def __init__(self, path: Path) -> None:
+        require_lmdb()  # a ConfigError naming the extra, not an ImportError's traceback
         import lmdb  # optional dependency: only a bookie with index_backend = "lmdb"
 
         self._lmdb = lmdb

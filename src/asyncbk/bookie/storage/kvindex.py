@@ -21,10 +21,12 @@ writer thread; the recovery thread during open), one transaction per journal
 batch (:meth:`apply`), with the live-byte counters and the count updated in the
 same transaction, so they are exact after any crash.  (In the storage the KV is the
 write cache of :mod:`.writecache` in front of LMDB: these transactions reach LMDB
-whole, at checkpoints.)  Reads (:meth:`get`,
-:meth:`run`, ...) are on the loop and see the last commit.  Memory does not grow
-with the entries stored: nothing is kept per entry, only the ledgers whose
-deletion is still on its way to the writer (:meth:`hide`).
+whole, a layer of them at a time.)  An entry above its ledger's highest one (the
+usual append) is put without reading its key first (the writer keeps each written
+ledger's highest id).  Reads (:meth:`get`, :meth:`run`, ...) are on the loop and see
+the last commit.  Memory does not grow with the entries stored: nothing is kept per
+entry, only an id per ledger written since the start and the ledgers whose deletion
+is still on its way to the writer (:meth:`hide`).
 
 A ledger deleted on the loop is hidden at once and its range deleted by the
 writer in journal order (:meth:`apply`'s ``("del", ledger)``); the replay after a
@@ -72,6 +74,10 @@ class KVEntryIndex:
     def __init__(self, kv: IndexKV) -> None:
         self.kv = kv
         self._hidden: dict[int, int] = {}
+        self._top: dict[int, int] = {}
+        """Writer side: the highest entry id stored of each ledger written since the
+        index was opened (read from the KV at its first put; never too low, since every
+        entry is added through :meth:`apply`)."""
         value = kv.get(_COUNT)
         self.count = _I64.unpack(value)[0] if value is not None else 0
         """Entries stored (as committed; set by the writer)."""
@@ -158,36 +164,65 @@ class KVEntryIndex:
 
     def apply(self, ops: Sequence[IndexOp]) -> dict[int, int]:
         """Apply puts and ledger deletions in order, in one transaction; returns the
-        change of each entry log's live bytes."""
+        change of each entry log's live bytes.  An entry above the highest one its
+        ledger has (:attr:`_top`, the usual append) is put without reading the key
+        first: no entry was there to replace."""
         live: dict[int, int] = {}
         count = 0
+        top = self._top
+        pairs: list[tuple[bytes, bytes]] = []
+        ekey, pkey, pack_loc = _EKEY.pack, _PKEY.pack, _LOC.pack
         w = self.kv.write()
         try:
             for op in ops:
                 if op[0] == "put":
-                    _, ledger_id, entry_id, loc = op
-                    key = _ekey(ledger_id, entry_id)
-                    old = w.swap(key, _LOC.pack(*loc))
-                    live[loc[0]] = live.get(loc[0], 0) + loc[2]
-                    if old is None:
+                    _, ledger_id, entry_id, (log_id, offset, length) = op
+                    key = ekey(b"E", ledger_id, entry_id)
+                    highest = top.get(ledger_id)
+                    if highest is None:
+                        highest = top[ledger_id] = self._highest_stored(ledger_id)
+                    if entry_id > highest:
+                        pairs.append((key, pack_loc(log_id, offset, length)))
+                        top[ledger_id] = entry_id
                         count += 1
-                    else:
-                        log_id, offset, length = _LOC.unpack(old)
-                        live[log_id] = live.get(log_id, 0) - length
-                        w.delete(_PKEY.pack(b"P", log_id, offset))
-                    w.put(_PKEY.pack(b"P", loc[0], loc[1]), key)
+                    else:  # it may be there: replace it, and its live bytes
+                        if pairs:
+                            w.put_many(pairs)  # (the read below must see them)
+                            pairs = []
+                        old = w.swap(key, pack_loc(log_id, offset, length))
+                        if old is None:
+                            count += 1
+                        else:
+                            old_log, old_offset, old_length = _LOC.unpack(old)
+                            live[old_log] = live.get(old_log, 0) - old_length
+                            w.delete(pkey(b"P", old_log, old_offset))
+                    live[log_id] = live.get(log_id, 0) + length
+                    pairs.append((pkey(b"P", log_id, offset), key))
                 else:
+                    if pairs:
+                        w.put_many(pairs)
+                        pairs = []
                     ledger_id = op[1]
                     for _, value in w.pop_range(_ekey(ledger_id, 0), _ledger_end(ledger_id)):
                         log_id, offset, length = _LOC.unpack(value)
                         live[log_id] = live.get(log_id, 0) - length
-                        w.delete(_PKEY.pack(b"P", log_id, offset))
+                        w.delete(pkey(b"P", log_id, offset))
                         count -= 1
+                    top.pop(ledger_id, None)  # (found again, from the KV, if re-created)
+            if pairs:
+                w.put_many(pairs)
             self._finish(w, live, count)
         except BaseException:
             w.abort()
+            self._top.clear()  # (this transaction's puts raised it: read it again)
             raise
         return live
+
+    def _highest_stored(self, ledger_id: int) -> int:
+        """Writer side: the highest entry id of the ledger in the committed state (-1:
+        none), hidden or not."""
+        items = self.kv.range(_ekey(ledger_id, 0), _ledger_end(ledger_id), 1, reverse=True)
+        return _EKEY.unpack(items[0][0])[2] if items else -1
 
     def relocate(self, olds: Sequence[Location],
                  moved: Sequence[tuple[int, int, Location]]) -> dict[int, int]:
@@ -231,7 +266,15 @@ class KVEntryIndex:
         except BaseException:
             w.abort()
             raise
+        finally:
+            self._top.clear()  # (entries removed: read again from the KV)
         return -count
+
+    def clear(self) -> None:
+        """Recovery: empty the KV (one durable transaction) and start from nothing."""
+        self.kv.clear()
+        self.count = 0
+        self._top.clear()
 
     def _finish(self, w: Any, live: dict[int, int], count: int) -> None:
         for log_id, delta in live.items():

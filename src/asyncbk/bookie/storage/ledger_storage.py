@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...clock import SYSTEM_CLOCK, Clock
-from ...config import BookieConfig
+from ...config import BookieConfig, require_lmdb
 from ...errors import BadRequestError, BookieIOError, NoSuchEntryError, NoSuchLedgerError
 from ...log import get_logger
 from ...types import LAST_ENTRY_ID
@@ -36,13 +36,13 @@ from ..journal_format import (
     encode_ledger_key,
 )
 from .api import LedgerInfo
-from .batch import _BatchApplied, _remove_index_log, write_batch
+from .batch import BatchApplied, write_batch
 from .checkpointer import Checkpointer, wall_ms
 from .compaction import EntryLogCompactor
-from .entrylog import ENTRYLOG_DIR, _EntryLogReader
+from .entrylog import ENTRYLOG_DIR, EntryLogReader, remove_index_log
 from .index import EntryIndex, Location
 from .kvindex import KVEntryIndex
-from .recovery import KVOpener, _recover, _Recovered
+from .recovery import KVOpener, Recovered, recover
 
 READ_THREADS = 4
 """Threads serving ``pread`` for reads (and start-up recovery)."""
@@ -62,7 +62,7 @@ class LedgerStorage:
     """
 
     def __init__(self, journal_dir: Path, ledger_dir: Path, config: BookieConfig,
-                 recovered: _Recovered, read_pool: Worker, log: Any,
+                 recovered: Recovered, read_pool: Worker, log: Any,
                  clock: Clock, io: FileIO, offload: Offload) -> None:
         self._io = io
         self._offload = offload
@@ -75,14 +75,14 @@ class LedgerStorage:
         self._writer = recovered.writer
         self._durable = recovered.durable
         self._tombstones = dict(recovered.durable.tombstones)
-        """Loop-side copy of the deleted ledgers' tombstones (see _DurableState)."""
+        """Loop-side copy of the deleted ledgers' tombstones (see DurableState)."""
         self._ledgers = recovered.ledgers
         self._index: EntryIndex | KVEntryIndex = recovered.index
         self._kv_index = recovered.kv_index
         """The on-disk index (written on the writer thread), None: the in-memory one."""
         self._kv_cache = recovered.kv_cache
         """Its write cache: past its bound, a checkpoint starts early (apply_on_loop)."""
-        self._reader = _EntryLogReader(ledger_dir / ENTRYLOG_DIR, io)
+        self._reader = EntryLogReader(ledger_dir / ENTRYLOG_DIR, io)
         self._recovery_stats = recovered.stats
         self._journal = Journal(journal_dir, config, first_seq=recovered.next_seq, sink=self,
                                 log=log.bind(component="journal"), io=io, offload=offload)
@@ -94,7 +94,8 @@ class LedgerStorage:
             lacs=lambda: {ledger_id: info.lac for ledger_id, info in self._ledgers.items()
                           if info.lac >= 0},
             ledger_dir=ledger_dir, config=config, io=io, offload=offload, clock=clock,
-            log=log, kv_cache=self._kv_cache)
+            log=log, kv_cache=self._kv_cache,
+            index_entries=self._index.__len__ if self._kv_index is None else None)
         self._disk_usage = (0, 0)
         self.full = False
         """Set by the bookie's disk watch: this ledger directory's disk (or its journal's)
@@ -125,7 +126,10 @@ class LedgerStorage:
         """Create sub-dirs if needed, load the last checkpoint, replay the journal
         after it (cutting a torn/garbage tail), then start the journal writer.
         Blocking file work runs off the loop (``offload``), on ``io``; ``kv_open``
-        opens the on-disk index (``index_backend = "lmdb"``; default: LMDB)."""
+        opens the on-disk index (``index_backend = "lmdb"``; default: LMDB, whose
+        package missing is a ConfigError naming the extra, raised before any work)."""
+        if config.index_backend == "lmdb" and kv_open is None:
+            require_lmdb()
         journal_dir, ledger_dir = Path(journal_dir), Path(ledger_dir)
         log = log if log is not None else get_logger(component="storage")
         clock = clock if clock is not None else SYSTEM_CLOCK
@@ -133,7 +137,7 @@ class LedgerStorage:
         read_pool = offload.worker("asyncbk-read", READ_THREADS)
         try:
             recovered = await read_pool.run(
-                _recover, journal_dir, ledger_dir, config, log, wall_ms(clock), io, kv_open)
+                recover, journal_dir, ledger_dir, config, log, wall_ms(clock), io, kv_open)
         except BaseException:
             # On cancellation the recovery thread may still be running: do not wait for it.
             read_pool.abandon()
@@ -144,7 +148,7 @@ class LedgerStorage:
             await self._journal.start()
             await self.checkpoint()
             if recovered.remove_index_log:  # migrated: the checkpoint now names the KV
-                await read_pool.run(_remove_index_log, io, ledger_dir)
+                await read_pool.run(remove_index_log, io, ledger_dir)
             self._disk_usage = await read_pool.run(io.disk_usage, ledger_dir)
         except BaseException:
             await self.abort()
@@ -390,11 +394,11 @@ class LedgerStorage:
 
     # --- journal sink (see journal.BatchSink) ---------------------------------
 
-    def apply_in_writer(self, records: list[bytes], items: list[Any]) -> _BatchApplied:
+    def apply_in_writer(self, records: list[bytes], items: list[Any]) -> BatchApplied:
         """Writer thread, after the batch's fsync: :func:`.batch.write_batch`."""
         return write_batch(self._writer, self._kv_index, self._durable, records, items)
 
-    def apply_on_loop(self, items: list[Any], result: _BatchApplied) -> None:
+    def apply_on_loop(self, items: list[Any], result: BatchApplied) -> None:
         """Loop, before the batch's futures resolve: make the new entries readable."""
         added, deleted, live_delta = result
         index = self._index

@@ -1,8 +1,9 @@
 """Start-up recovery: what :meth:`LedgerStorage.open
 <.ledger_storage.LedgerStorage.open>` does before the journal starts.
 
-Read the checkpoint; cut ``index.log`` and the current entry log to the marked
-lengths and delete newer entry logs; load the index and the ledger state; replay
+Read the checkpoint; finish or forget a rewrite of ``index.log`` it left
+(:func:`.indexlog.resolve_index_file`); cut ``index.log`` and the current entry log
+to the marked lengths and delete newer entry logs; load the index and the ledger state; replay
 the journal from the mark up to the first bad record, cutting the torn tail.
 Loading ``index.log`` honours its deletion markers (:mod:`.index`); the ledgers it
 still has that the checkpoint does not know were deleted before the mark: they are
@@ -20,7 +21,7 @@ mark and re-applies its deletions, in order (idempotent).  A ledger dir written 
 index is *migrated*: its ``index.log`` prefix loaded into the emptied KV (markers
 honoured, ledgers the checkpoint does not know dropped) and synced; the checkpoint
 written at the end of open records the new format, and only then is ``index.log``
-removed (:attr:`_Recovered.remove_index_log`), so a crash at any step runs the
+removed (:attr:`Recovered.remove_index_log`), so a crash at any step runs the
 migration again.  A dir on the on-disk index opened with ``index_backend =
 "memory"`` is refused (ConfigError).
 """
@@ -56,12 +57,12 @@ from .api import LedgerInfo
 from .checkpoint import (
     CHECKPOINT_FILE,
     CheckpointMark,
-    _apply_op,
-    _DurableLedger,
-    _DurableState,
+    DurableLedger,
+    DurableState,
+    apply_op,
     read_checkpoint,
 )
-from .entrylog import ENTRYLOG_DIR, _EntryLogWriter, _parse_entry_log_name, entry_log_name
+from .entrylog import ENTRYLOG_DIR, EntryLogWriter, entry_log_name, parse_entry_log_name
 from .index import (
     INDEX_FILE,
     INDEX_RECORD,
@@ -70,6 +71,7 @@ from .index import (
     index_log_ops,
     load_index_records,
 )
+from .indexlog import resolve_index_file
 from .kv import LMDB_DIR, IndexKV, open_lmdb
 from .kvindex import IndexOp, KVEntryIndex
 from .writecache import WriteCacheKV
@@ -81,9 +83,13 @@ REPLAY_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
-class _Recovered:
-    writer: _EntryLogWriter
-    durable: _DurableState
+class Recovered:
+    """What :func:`recover` hands :class:`~.ledger_storage.LedgerStorage`: the entry log
+    writer and the durable ledger state (for the writer thread), the loop's ledgers and
+    index, the journal's next file and the start-up statistics."""
+
+    writer: EntryLogWriter
+    durable: DurableState
     ledgers: dict[int, LedgerInfo]
     index: EntryIndex | KVEntryIndex
     next_seq: int
@@ -129,8 +135,8 @@ def _open_at_length(io: FileIO, path: Path, length: int, what: str) -> int:
     return fd
 
 
-def _replay_file(io: FileIO, path: Path, start: int, writer: _EntryLogWriter,
-                 durable: _DurableState, index: EntryIndex | KVEntryIndex,
+def _replay_file(io: FileIO, path: Path, start: int, writer: EntryLogWriter,
+                 durable: DurableState, index: EntryIndex | KVEntryIndex,
                  stats: dict[str, Any], now_ms: int) -> tuple[int, int]:
     """Replay one journal file from ``start``; returns (good end offset, file size)."""
     fd = io.open_read(path)
@@ -193,22 +199,22 @@ def _replay_file(io: FileIO, path: Path, start: int, writer: _EntryLogWriter,
         io.close(fd)
 
 
-def _apply_replayed(durable: _DurableState, record: Record, now_ms: int) -> None:
+def _apply_replayed(durable: DurableState, record: Record, now_ms: int) -> None:
     """``now_ms``: the deletion time given to a replayed DELETE_LEDGER (the record
     carries none, so its tombstone counts from the restart: kept longer, never less)."""
     if isinstance(record, LedgerKeyRecord):
-        _apply_op(durable, TYPE_LEDGER_KEY, record.ledger_id, record.master_key)
+        apply_op(durable, TYPE_LEDGER_KEY, record.ledger_id, record.master_key)
     elif isinstance(record, FenceRecord):
-        _apply_op(durable, TYPE_FENCE, record.ledger_id, None)
+        apply_op(durable, TYPE_FENCE, record.ledger_id, None)
     elif isinstance(record, ExplicitLacRecord):
-        _apply_op(durable, TYPE_EXPLICIT_LAC, record.ledger_id, record.lac)
+        apply_op(durable, TYPE_EXPLICIT_LAC, record.ledger_id, record.lac)
     elif isinstance(record, DeleteLedgerRecord):
-        _apply_op(durable, TYPE_DELETE_LEDGER, record.ledger_id, now_ms)
+        apply_op(durable, TYPE_DELETE_LEDGER, record.ledger_id, now_ms)
 
 
-def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any,
-             now_ms: int, io: FileIO = OS_FILE_IO, kv_open: KVOpener | None = None
-             ) -> _Recovered:
+def recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any,
+            now_ms: int, io: FileIO = OS_FILE_IO, kv_open: KVOpener | None = None
+            ) -> Recovered:
     """Everything :meth:`.LedgerStorage.open` does before the journal starts (a thread).
     ``now_ms``: the clock's wall time, for the tombstones of replayed deletions;
     ``kv_open``: opens the on-disk index (default LMDB) with ``index_backend = "lmdb"``."""
@@ -219,7 +225,7 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
     io.unlink(ledger_dir / (CHECKPOINT_FILE + ".tmp"), missing_ok=True)
 
     payload = read_checkpoint(ledger_dir, io)
-    durable = _DurableState()
+    durable = DurableState()
     if payload is None:
         mark = CheckpointMark()
     else:
@@ -231,7 +237,7 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
         for ledger_id, deleted_ms in payload.get("tombstones", []):
             durable.tombstones[ledger_id] = deleted_ms
         for ledger_id, master_key, fenced, lac, explicit_lac in payload["ledgers"]:
-            durable[ledger_id] = _DurableLedger(master_key, fenced, explicit_lac, lac)
+            durable[ledger_id] = DurableLedger(master_key, fenced, explicit_lac, lac)
 
     on_disk = config.index_backend == "lmdb"
     kv_marked = payload is not None and payload.get("index") == "lmdb"
@@ -242,9 +248,12 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
 
     # Entry logs and index: keep exactly what the checkpoint covers.
     for name, _size in sorted(io.list_dir(entrylog_dir)):
-        log_id = _parse_entry_log_name(name)
+        log_id = parse_entry_log_name(name)
         if log_id is not None and log_id > mark.entry_log_id:
             io.unlink(entrylog_dir / name)
+    if resolve_index_file(io, ledger_dir, payload):  # a rewrite of index.log interrupted
+        log.warning("index.log rewrite finished at start",
+                    named=(payload or {}).get("index_file", INDEX_FILE))
     log_fd = _open_at_length(io, entrylog_dir / entry_log_name(mark.entry_log_id),
                              mark.entry_log_length, "entry log")
     index_log_left = on_disk and any(name == INDEX_FILE for name, _ in io.list_dir(ledger_dir))
@@ -272,9 +281,9 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
         if index_fd >= 0:
             io.close(index_fd)
         raise
-    writer = _EntryLogWriter(io, entrylog_dir, config.entry_log_bytes_max, mark.entry_log_id,
-                             log_fd, mark.entry_log_length, index_fd,
-                             0 if on_disk else mark.index_length)
+    writer = EntryLogWriter(io, entrylog_dir, config.entry_log_bytes_max, mark.entry_log_id,
+                            log_fd, mark.entry_log_length, index_fd,
+                            0 if on_disk else mark.index_length)
     kv: WriteCacheKV | None = None
     stats: dict[str, Any] = {"records_replayed": 0, "adds_replayed": 0, "bytes_cut": 0,
                              "journal_files_removed": 0, "journal_files_replayed": 0}
@@ -287,8 +296,7 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
                               config.index_write_cache_entries_max)
             index = KVEntryIndex(kv)
             if not kv_marked:  # migrating, or no checkpoint yet: rebuilt from scratch
-                kv.clear()
-                index.count = 0
+                index.clear()
             else:  # what the commits after the mark placed: the replay re-puts it
                 stats["index_entries_cut"] = index.truncate(mark.entry_log_id,
                                                             mark.entry_log_length)
@@ -384,5 +392,5 @@ def _recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any
         raise
     stats["recovery_s"] = time.perf_counter() - t0
     kv_index = index if isinstance(index, KVEntryIndex) else None
-    return _Recovered(writer, durable, ledgers, index, next_seq, stats, kv_index, kv,
+    return Recovered(writer, durable, ledgers, index, next_seq, stats, kv_index, kv,
                       remove_index_log=migrate or index_log_left)
