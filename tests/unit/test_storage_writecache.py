@@ -185,8 +185,15 @@ class _FailingFs:
     """What SimKVStore asks of a SimFileSystem: pending fsync failures."""
 
     def __init__(self) -> None:
-        self._fsync_failures = 0
+        self.pending = 0
         self.fsync_failures = 0
+
+    def take_fsync_failure(self) -> bool:
+        if self.pending > 0:
+            self.pending -= 1
+            self.fsync_failures += 1
+            return True
+        return False
 
 
 def test_a_flush_is_durable_across_a_crash() -> None:
@@ -218,7 +225,7 @@ def test_a_failed_flush_keeps_the_data_readable_and_raises() -> None:
     w.put(b"a", b"2")
     w.delete(b"b")
     w.commit()
-    fs._fsync_failures = 1
+    fs.pending = 1
     with pytest.raises(OSError):
         kv.sync()
     assert kv.get(b"a") == b"2" and kv.get(b"b") is None

@@ -82,9 +82,7 @@ class SimKVStore:
 
     def _sync(self) -> None:
         fs = self.fs
-        if fs is not None and getattr(fs, "_fsync_failures", 0) > 0:
-            fs._fsync_failures -= 1
-            fs.fsync_failures += 1
+        if fs is not None and fs.take_fsync_failure():
             raise OSError(errno.EIO, "sim: index sync failed")
         self.syncs += 1
         for changes in self._commits:
