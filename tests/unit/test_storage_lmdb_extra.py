@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from asyncbk.bookie.storage import LedgerStorage
-from asyncbk.cli.main import EXIT_ERROR, main
+from asyncbk.cli.common import EXIT_ERROR
+from asyncbk.cli.main import main
 from asyncbk.config import BookieConfig
 from asyncbk.errors import ConfigError
 
