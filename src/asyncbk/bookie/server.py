@@ -263,8 +263,16 @@ class BookieServer:
             return
         reasons = [r.value for r in change.reasons]
         if change.before is not change.after:
-            self.log.warning("bookie state changed", state=change.after.value,
-                             previous=change.before.value, reasons=reasons)
+            # A warning when a running bookie stops taking adds (read-only, lease lost);
+            # its start, drain and stop are routine; a start that fails says so itself.
+            if change.before is BookieState.STARTING and change.after is BookieState.CLOSED:
+                log = self.log.debug
+            elif change.after in (BookieState.READ_ONLY, BookieState.UNREGISTERED):
+                log = self.log.warning
+            else:
+                log = self.log.info
+            log("bookie state changed", state=change.after.value,
+                previous=change.before.value, reasons=reasons)
         else:
             self.log.warning("read-only reasons changed", state=change.after.value,
                              reasons=reasons)
