@@ -18,18 +18,10 @@ import random
 import pytest
 
 from asyncbk.client.ledger import LedgerHandle
-from asyncbk.config import ClientConfig
 from asyncbk.errors import NotEnoughBookiesError
 from asyncbk.testing.sim import SimCluster, run_sim
 
-PW = b"pw"
-
-
-def config(**kw: object) -> ClientConfig:
-    base: dict[str, object] = dict(add_timeout_s=0.5, read_timeout_s=0.5, connect_timeout_s=0.3,
-                                   reconnect_backoff_s_max=0.2, explicit_lac_interval_s=0.0)
-    base.update(kw)
-    return ClientConfig(**base).validate()  # type: ignore[arg-type]
+from .client_config import PW, config
 
 
 def payload(ledger_id: int, entry_id: int) -> bytes:

@@ -16,7 +16,6 @@ import pytest
 from asyncbk.client.client import BookKeeper
 from asyncbk.client.digest import DigestManager, master_key
 from asyncbk.client.ledger import LedgerHandle
-from asyncbk.config import ClientConfig
 from asyncbk.errors import (
     BookieUnavailableError,
     LedgerClosedError,
@@ -28,14 +27,7 @@ from asyncbk.meta.model import LedgerState
 from asyncbk.proto import AddBatchRequest, AddRequest, ReadFlag, ReadRequest, Status
 from asyncbk.testing.sim import BlockableStore, SimCluster, run_sim
 
-PW = b"pw"
-
-
-def config(**kw: object) -> ClientConfig:
-    base: dict[str, object] = dict(add_timeout_s=0.5, read_timeout_s=0.5, connect_timeout_s=0.3,
-                                   reconnect_backoff_s_max=0.2, explicit_lac_interval_s=0.0)
-    base.update(kw)
-    return ClientConfig(**base).validate()  # type: ignore[arg-type]
+from .client_config import PW, config
 
 
 async def started(bookies: int, seed: int = 1) -> SimCluster:

@@ -51,6 +51,8 @@ from asyncbk.stream.reader import StreamRecord
 from asyncbk.stream.writer import StreamWriter
 from asyncbk.testing.sim import BlockableStore, SimCluster, run_sim
 
+from . import client_config
+
 NS = "ns"
 STREAM = "orders/eu"
 SHAPES = [(3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (2, 2, 1)]
@@ -65,10 +67,9 @@ TAIL_SEEDS_THAT_FOUND_BUGS = [377]
 
 
 def config(**kw: object) -> ClientConfig:
-    base: dict[str, object] = dict(add_timeout_s=0.5, read_timeout_s=0.5, connect_timeout_s=0.3,
-                                   reconnect_backoff_s_max=0.2, explicit_lac_interval_s=0.2)
-    base.update(kw)
-    return ClientConfig(**base).validate()  # type: ignore[arg-type]
+    """The simulator tests' client settings, with an explicit-LAC timer for the tailers."""
+    kw.setdefault("explicit_lac_interval_s", 0.2)
+    return client_config.config(**kw)
 
 
 class TxnGateStore(BlockableStore):

@@ -19,19 +19,12 @@ from asyncbk.bookie.state import BookieState, ReadOnlyReason
 from asyncbk.client.client import BookKeeper
 from asyncbk.client.ledger import LedgerHandle
 from asyncbk.client.quorum import write_set
-from asyncbk.config import BookieConfig, ClientConfig
+from asyncbk.config import BookieConfig
 from asyncbk.errors import ConfigError, CookieError
 from asyncbk.proto import AddFlag, AddRequest, AddResponse, Status
 from asyncbk.testing.sim import SIM_BOOKIE_CONFIG, SimCluster, run_sim
 
-PW = b"pw"
-
-
-def config(**kw: object) -> ClientConfig:
-    base: dict[str, object] = dict(add_timeout_s=0.5, read_timeout_s=0.5, connect_timeout_s=0.3,
-                                   reconnect_backoff_s_max=0.2, explicit_lac_interval_s=0.0)
-    base.update(kw)
-    return ClientConfig(**base).validate()  # type: ignore[arg-type]
+from .client_config import PW, config
 
 
 async def write(lh: LedgerHandle, n: int, start: int = 0) -> list[int]:

@@ -13,7 +13,6 @@ from asyncbk.bookie.state import (
     Phase,
     ReadOnlyReason,
     StateMachine,
-    disk_read_only,
 )
 from asyncbk.proto import Status
 
@@ -183,11 +182,3 @@ def test_configured_and_failed_journal_reasons_hold() -> None:
     assert m.reasons == (ReadOnlyReason.CONFIG, ReadOnlyReason.JOURNAL_FAILED)
 
 
-def test_hysteresis() -> None:
-    path = [0.5, 0.91, 0.95, 0.97, 0.93, 0.90, 0.89, 0.92]
-    state = False
-    seen = []
-    for used in path:
-        state = disk_read_only(state, used, 0.95, 0.90)
-        seen.append(state)
-    assert seen == [False, False, True, True, True, True, False, False]

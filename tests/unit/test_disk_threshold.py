@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from asyncbk.bookie.server import disk_read_only
+from asyncbk.bookie.state import disk_read_only
 
 
 def test_hysteresis() -> None:
