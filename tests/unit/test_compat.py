@@ -9,6 +9,7 @@ with it.  Never regenerate v1.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from asyncbk.bookie.storage import (
 )
 from asyncbk.clock import ManualClock
 from asyncbk.errors import NoSuchLedgerError
+from asyncbk.meta import keys
+from asyncbk.meta.memory import MemoryMetadataStore
 from asyncbk.proto import (
     AddBatchRequest,
     AddBatchResponse,
@@ -46,6 +49,8 @@ from asyncbk.proto import (
     encode_add_batch_response,
     encode_add_response,
 )
+from asyncbk.stream import codec
+from asyncbk.stream.meta import StreamMetadata
 from tests.fixtures.compat import make_fixtures as fx
 
 V1 = Path(fx.__file__).resolve().parent / "v1"
@@ -228,3 +233,43 @@ def test_this_version_writes_exactly_the_v1_bytes(tmp_path: Path) -> None:
     assert fx.differences(V1, fresh) == [], (
         "this version writes other bytes than fixture set v1: a format changed (see the "
         "module docstring)")
+
+
+# --- a stream's entries and metadata (set streams-v1) -------------------------------------
+
+STREAMS_V1 = Path(fx.__file__).resolve().parent / "streams-v1"
+
+
+def test_stream_entries_decode_to_the_records_written() -> None:
+    payloads = fx.read_stream_entries(STREAMS_V1 / "entries.bin")
+    assert len(payloads) == len(fx.STREAM_ENTRIES)
+    before: dict[int, int] = {}
+    for payload, (seq, entry_id, records, flags) in zip(payloads, fx.STREAM_ENTRIES,
+                                                        strict=True):
+        batch = codec.decode(payload, f"segment {seq} entry {entry_id}")
+        assert batch.records == records and batch.flags == flags
+        assert batch.records_before == before.get(seq, 0)
+        assert batch.end_of_stream is bool(flags & codec.END_OF_STREAM)
+        before[seq] = batch.records_before + len(records)
+
+
+async def test_stream_metadata_reads_as_written() -> None:
+    store = MemoryMetadataStore("/asyncbk")
+    ns, name = fx.STREAM_META.namespace, fx.STREAM_META.name
+    put = [(keys.stream(store.root, ns, name), (STREAMS_V1 / "stream.bin").read_bytes())]
+    put += [(keys.segment(store.root, ns, name, s.seq),
+             (STREAMS_V1 / f"segment-{s.seq}.bin").read_bytes()) for s in fx.STREAM_SEGMENTS]
+    await store.kv_txn([], put=put)
+    md = StreamMetadata(store)
+    meta = await md.stream(ns, name)
+    assert dataclasses.replace(meta, version=0) == fx.STREAM_META
+    segments = await md.segments(ns, name)
+    assert [dataclasses.replace(s, version=0) for s in segments] == fx.STREAM_SEGMENTS
+
+
+def test_this_version_writes_exactly_the_streams_v1_bytes(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh"
+    fx.write_streams(fresh)
+    assert fx.differences(STREAMS_V1, fresh) == [], (
+        "this version writes other bytes than fixture set streams-v1: a stream format "
+        "changed (see the module docstring)")
