@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -235,41 +236,71 @@ def test_this_version_writes_exactly_the_v1_bytes(tmp_path: Path) -> None:
         "module docstring)")
 
 
-# --- a stream's entries and metadata (set streams-v1) -------------------------------------
+# --- a stream's entries and metadata (sets streams-v1 and streams-v2) ------------------------
 
 STREAMS_V1 = Path(fx.__file__).resolve().parent / "streams-v1"
+STREAMS_V2 = Path(fx.__file__).resolve().parent / "streams-v2"
 
 
-def test_stream_entries_decode_to_the_records_written() -> None:
+def test_stream_v1_entries_decode_to_the_records_written() -> None:
     payloads = fx.read_stream_entries(STREAMS_V1 / "entries.bin")
+    assert payloads == fx.stream_entry_payloads_v1()
     assert len(payloads) == len(fx.STREAM_ENTRIES)
+    ctime = {s.seq: s.ctime_ms for s in fx.STREAM_SEGMENTS}
     before: dict[int, int] = {}
     for payload, (seq, entry_id, records, flags) in zip(payloads, fx.STREAM_ENTRIES,
                                                         strict=True):
-        batch = codec.decode(payload, f"segment {seq} entry {entry_id}")
+        batch = codec.decode(payload, f"segment {seq} entry {entry_id}", ctime[seq])
         assert batch.records == records and batch.flags == flags
         assert batch.records_before == before.get(seq, 0)
         assert batch.end_of_stream is bool(flags & codec.END_OF_STREAM)
+        # no key, no headers, the segment's creation time
+        assert batch.extras is None and list(batch.timestamps) == [ctime[seq]] * len(records)
         before[seq] = batch.records_before + len(records)
 
 
-async def test_stream_metadata_reads_as_written() -> None:
+def test_stream_v2_entries_decode_to_the_records_written() -> None:
+    payloads = fx.read_stream_entries(STREAMS_V2 / "entries.bin")
+    assert len(payloads) == len(fx.STREAM_ENTRIES_V2)
+    before: dict[int, int] = {}
+    for payload, (seq, entry_id, records, flags) in zip(payloads, fx.STREAM_ENTRIES_V2,
+                                                        strict=True):
+        batch = codec.decode(payload, f"segment {seq} entry {entry_id}")
+        assert batch.records == [(r.txid, r.data) for r in records] and batch.flags & 1 == flags
+        assert list(batch.timestamps) == [r.timestamp_ms for r in records]
+        assert [batch.extras_of(i) for i in range(batch.count)] == \
+            [(r.key, r.headers or {}) for r in records]
+        assert batch.records_before == before.get(seq, 0)
+        before[seq] = batch.records_before + len(records)
+
+
+async def _stored(directory: Path, meta: Any, segments: list[Any]) -> StreamMetadata:
     store = MemoryMetadataStore("/asyncbk")
-    ns, name = fx.STREAM_META.namespace, fx.STREAM_META.name
-    put = [(keys.stream(store.root, ns, name), (STREAMS_V1 / "stream.bin").read_bytes())]
+    ns, name = meta.namespace, meta.name
+    put = [(keys.stream(store.root, ns, name), (directory / "stream.bin").read_bytes())]
     put += [(keys.segment(store.root, ns, name, s.seq),
-             (STREAMS_V1 / f"segment-{s.seq}.bin").read_bytes()) for s in fx.STREAM_SEGMENTS]
+             (directory / f"segment-{s.seq}.bin").read_bytes()) for s in segments]
     await store.kv_txn([], put=put)
-    md = StreamMetadata(store)
-    meta = await md.stream(ns, name)
-    assert dataclasses.replace(meta, version=0) == fx.STREAM_META
-    segments = await md.segments(ns, name)
-    assert [dataclasses.replace(s, version=0) for s in segments] == fx.STREAM_SEGMENTS
+    return StreamMetadata(store)
 
 
-def test_this_version_writes_exactly_the_streams_v1_bytes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+async def test_stream_metadata_reads_as_written(version: int) -> None:
+    directory, meta, segs = ((STREAMS_V1, fx.STREAM_META, fx.STREAM_SEGMENTS) if version == 1
+                             else (STREAMS_V2, fx.STREAM_META_V2, fx.STREAM_SEGMENTS_V2))
+    md = await _stored(directory, meta, segs)
+    got = await md.stream(meta.namespace, meta.name)
+    assert dataclasses.replace(got, version=0) == meta
+    segments = await md.segments(meta.namespace, meta.name)
+    assert [dataclasses.replace(s, version=0) for s in segments] == segs
+    if version == 1:  # times unknown: a segment's records read as of its creation
+        assert [(s.first_ts, s.last_ts) for s in segments] == \
+            [(s.ctime_ms, s.ctime_ms) for s in segs]
+
+
+def test_this_version_writes_exactly_the_streams_v2_bytes(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh"
     fx.write_streams(fresh)
-    assert fx.differences(STREAMS_V1, fresh) == [], (
-        "this version writes other bytes than fixture set streams-v1: a stream format "
+    assert fx.differences(STREAMS_V2, fresh) == [], (
+        "this version writes other bytes than fixture set streams-v2: a stream format "
         "changed (see the module docstring)")

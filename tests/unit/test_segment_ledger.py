@@ -151,7 +151,7 @@ def context(ledgers: FakeLedgers | None = None, logger: Any = None,
 
 
 def entry(before: int, txids: list[int], flags: int = 0) -> bytes:
-    return codec.encode(before, txids, [b"d%d" % t for t in txids], flags)
+    return codec.encode(before, txids, [b"d%d" % t for t in txids], flags=flags)
 
 
 # --------------------------------------------------------------------------- Tally
@@ -168,7 +168,7 @@ def test_tally_counts_what_was_sent_and_where_the_last_ack_is(
     txids: list[int] = []
     for i, (batch, nbytes) in enumerate(sends):
         increasing = [sum(txids[-1:]) + t for t in sorted(batch)]  # never decreasing
-        tally.sent(increasing, nbytes)
+        tally.sent(increasing, nbytes, 100 + i, 100 + i)
         txids.extend(increasing)
         if i < acked:
             tally.acked(i, len(batch))
@@ -178,6 +178,7 @@ def test_tally_counts_what_was_sent_and_where_the_last_ack_is(
     assert seg.records == len(txids)
     assert seg.size_bytes == sum(n for _, n in sends)
     assert (seg.first_txid, seg.last_txid) == ((txids[0], txids[-1]) if txids else (-1, -1))
+    assert (seg.first_ts_ms, seg.last_ts_ms) == ((100, 99 + len(sends)) if txids else (-1, -1))
     last = min(acked, len(sends)) - 1
     if last < 0:
         assert (seg.last_entry, seg.last_slot) == (-1, -1)
@@ -189,13 +190,14 @@ async def test_complete_closes_the_ledger_then_describes_the_segment() -> None:
     ctx = context()
     lh = FakeLedger(7)
     tally = Tally()
-    tally.sent([3, 4], 10)
+    tally.sent([3, 4], 10, 50, 51)
     tally.acked(0, 2)
     seg = await complete_segment(ctx, lh, Segment(seq=2, ledger_id=7), tally)
     assert lh.closed
     assert seg == dataclasses.replace(Segment(seq=2, ledger_id=7), state=COMPLETED, records=2,
                                       first_txid=3, last_txid=4, last_entry=0, last_slot=1,
-                                      size_bytes=10, completion_ms=int(NOW_S * 1000))
+                                      size_bytes=10, completion_ms=int(NOW_S * 1000),
+                                      first_ts_ms=50, last_ts_ms=51)
     failing = FakeLedger(8, close_fails=True)
     with pytest.raises(BKError, match="close failed"):
         await complete_segment(ctx, failing, Segment(seq=3, ledger_id=8), Tally())
@@ -304,7 +306,7 @@ def test_durable_end_is_the_last_entry_once_closed_else_the_lac() -> None:
 def test_limits_and_writer_options_fit() -> None:
     limits = StreamLimits.from_frame_bytes_max(ClientConfig().frame_bytes_max)
     assert limits.record_bytes_max == limits.entry_bytes_max - codec.HEADER_BYTES \
-        - codec.RECORD_OVERHEAD_BYTES
+        - codec.RECORD_OVERHEAD_BYTES_MAX
     WriterOptions().check_fits(limits)  # the default record bound fits the default frame
     small = StreamLimits.from_frame_bytes_max(1024 * 1024)
     with pytest.raises(ValueError, match="exceeds what one ledger entry carries"):

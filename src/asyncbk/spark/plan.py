@@ -117,7 +117,7 @@ class StreamIndex:
             data = (await rh.read_unconfirmed(entry, entry))[0].data
             batch = decode(data, f"stream {self.namespace}/{self.stream} segment "
                                  f"{seg.seq} entry {entry}")
-            got = (batch.records_before, len(batch.records))
+            got = (batch.records_before, batch.count)
             if len(self._headers) >= HEADER_CACHE_MAX:
                 self._headers.clear()
             self._headers[key] = got

@@ -31,7 +31,7 @@ from ..errors import (
     NoSuchLedgerError,
     WriterFencedError,
 )
-from .codec import RECORD_OVERHEAD_BYTES, decode, encode
+from .codec import RECORD_OVERHEAD_BYTES_MAX, decode, encode
 from .context import StreamContext
 from .meta import COMPLETED, Segment, SinkMark, StreamConfig
 from .segment_ledger import (
@@ -67,6 +67,8 @@ class StagedLedger:
     last_slot: int
     size_bytes: int
     owner: str
+    first_ts_ms: int = -1
+    last_ts_ms: int = -1
 
 
 class StagedWriter:
@@ -82,7 +84,11 @@ class StagedWriter:
         self._lh: LedgerHandle | None = None
         self._txids: list[int] = []
         self._datas: list[bytes] = []
+        self._tss: list[int] = []
+        self._extras: list[bytes] = []
         self._pending_bytes = 0
+        self._first_ts = -1
+        self._last_ts = -1
         self._records = 0
         self._first_txid = -1
         self._last_txid = -1
@@ -100,20 +106,29 @@ class StagedWriter:
             raise
         self._lh = lh
 
-    async def add(self, txid: int, data: bytes) -> None:
-        """One record; ``txid`` must not be below the previous one."""
+    async def add(self, txid: int, data: bytes, timestamp_ms: int | None = None,
+                  extras: bytes = b"") -> None:
+        """One record; ``txid`` must not be below the previous one.  ``timestamp_ms``
+        (default: the clock now) is raised to the previous record's if lower;
+        ``extras``: its key and headers (:func:`asyncbk.stream.codec.pack_extras`)."""
         if txid < self._last_txid:
             raise InvalidTxidError(f"txid {txid} is below the previous record's "
                                    f"{self._last_txid}; txids must not decrease")
+        ts = self.ctx.now_ms() if timestamp_ms is None else timestamp_ms
+        ts = max(ts, self._last_ts)
         if self._records == 0:
             self._first_txid = txid
+            self._first_ts = ts
         self._last_txid = txid
+        self._last_ts = ts
         self._records += 1
-        size = len(data) + RECORD_OVERHEAD_BYTES
+        size = len(data) + len(extras) + RECORD_OVERHEAD_BYTES_MAX
         if self._datas and self._pending_bytes + size > self.entry_bytes:
             await self._send()
         self._txids.append(txid)
         self._datas.append(data)
+        self._tss.append(ts)
+        self._extras.append(extras)
         self._pending_bytes += size
 
     async def _send(self) -> None:
@@ -127,11 +142,12 @@ class StagedWriter:
                 self._inflight.discard(fut)
                 fut.result()
         before = self._records - len(self._datas)
-        fut = lh.append(encode(before, self._txids, self._datas))
+        fut = lh.append(encode(before, self._txids, self._datas, self._tss, self._extras))
         self._inflight.add(fut)
         self._last_entry += 1
         self._last_count = len(self._datas)
         self._txids, self._datas, self._pending_bytes = [], [], 0
+        self._tss, self._extras = [], []
 
     async def finish(self) -> StagedLedger | None:
         """Flush, close the ledger and describe it (None if no record was added)."""
@@ -145,7 +161,7 @@ class StagedWriter:
         await self._lh.close()
         return StagedLedger(self._lh.id, self._records, self._first_txid, self._last_txid,
                             self._last_entry, self._last_count - 1, self._lh.metadata.length,
-                            self.owner)
+                            self.owner, self._first_ts, self._last_ts)
 
     async def abort(self) -> None:
         """Give up: close and delete the ledger and its staging key."""
@@ -197,8 +213,8 @@ async def _durable_last_txid(ctx: StreamContext, seg: Segment) -> int:
     while entry >= 0:
         batch = decode((await rh.read_unconfirmed(entry, entry))[0].data,
                        f"stream {ctx.namespace} segment {seg.seq} entry {entry}")
-        if batch.records:
-            return batch.records[-1][0]
+        if batch.count:
+            return batch.txids[-1]
         entry -= 1
     return -1
 
@@ -286,19 +302,31 @@ async def adopt(ctx: StreamContext, stream: str, staged: Sequence[StagedLedger],
         _check_txids(ctx, stream, staged, max(
             [sm.last_txid, *(s.last_txid for s in segs), *(s.last_txid for s in put)]))
         start_sequence = last.start_sequence + last.records if last is not None else 0
+        start_bytes = last.start_bytes + last.size_bytes if last is not None else 0
         seq = max([sm.max_seq, *(s.seq for s in segs)]) + 1
+        # Stream times never decrease: records staged before the stream's latest read
+        # as that time (each adopted segment's floor).
+        floor = max([sm.last_ts_ms, *(s.last_ts for s in segs if s.records),
+                     *(s.last_ts for s in put if s.records), 0])
         now_ms = ctx.now_ms()
         new: list[Segment] = []
         for s in staged:
             if not s.records:
                 continue
+            first_ts = s.first_ts_ms if s.first_ts_ms >= 0 else now_ms
+            last_ts = s.last_ts_ms if s.last_ts_ms >= 0 else now_ms
             new.append(Segment(seq=seq, ledger_id=s.ledger_id, state=COMPLETED,
                                records=s.records, start_sequence=start_sequence,
+                               start_bytes=start_bytes,
                                first_txid=s.first_txid, last_txid=s.last_txid,
                                last_entry=s.last_entry, last_slot=s.last_slot,
-                               size_bytes=s.size_bytes, ctime_ms=now_ms, completion_ms=now_ms))
+                               size_bytes=s.size_bytes, ctime_ms=now_ms, completion_ms=now_ms,
+                               first_ts_ms=first_ts, last_ts_ms=last_ts,
+                               ts_floor_ms=floor if floor > first_ts else 0))
+            floor = max(floor, last_ts)
             seq += 1
             start_sequence += s.records
+            start_bytes += s.size_bytes
         try:
             _, committed = await md.commit(sm, put=[*put, *new], sink=mark,
                                            unstage=[s.ledger_id for s in staged])
@@ -332,8 +360,10 @@ async def merge(ctx: StreamContext, stream: str, staged: Sequence[StagedLedger],
                 for lo in range(0, s.last_entry + 1, INFLIGHT_ENTRIES):
                     for entry in await rh.read(lo, min(s.last_entry, lo + INFLIGHT_ENTRIES - 1)):
                         batch = decode(entry.data, f"staged ledger {s.ledger_id}")
-                        for txid, data in batch.records:
-                            await writer.add(txid, data)
+                        extras = batch.extras or [b""] * batch.count
+                        for txid, data, ts, extra in zip(batch.txids, batch.datas,
+                                                         batch.timestamps, extras, strict=True):
+                            await writer.add(txid, data, ts, extra)
             done = await writer.finish()
         except BaseException:
             await writer.abort()

@@ -20,7 +20,7 @@ from ..clock import LOOP_CLOCK, Clock
 from ..config import ClientConfig
 from ..log import get_logger
 from ..meta.api import MetadataStore
-from .codec import HEADER_BYTES, RECORD_OVERHEAD_BYTES
+from .codec import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
 from .meta import StreamConfig, StreamMeta, StreamMetadata
 from .stats import StreamStats
 
@@ -70,7 +70,7 @@ class StreamLimits:
     @property
     def record_bytes_max(self) -> int:
         """The largest record one ledger entry carries (alone, with its batch header)."""
-        return self.entry_bytes_max - HEADER_BYTES - RECORD_OVERHEAD_BYTES
+        return self.entry_bytes_max - HEADER_BYTES - RECORD_OVERHEAD_BYTES_MAX
 
 
 @dataclass(frozen=True, slots=True)

@@ -228,11 +228,33 @@ class Segment:
     size_bytes: int = 0
     ctime_ms: int = 0
     completion_ms: int = 0
+    start_bytes: int = 0
+    """Record bytes in the stream before this segment (kept across truncation)."""
+    first_ts_ms: int = -1
+    """The first record's timestamp (-1: a segment from before records had times: its
+    records all have ``ctime_ms``)."""
+    last_ts_ms: int = -1
+    """The last record's timestamp (known when completed; -1 as ``first_ts_ms``)."""
+    ts_floor_ms: int = 0
+    """Record times below this read as this (a staged ledger adopted after records of
+    a later time: stream times never decrease)."""
     version: int = 0
 
     @property
     def completed(self) -> bool:
         return self.state == COMPLETED
+
+    @property
+    def first_ts(self) -> int:
+        """The first record's timestamp as readers see it."""
+        return max(self.first_ts_ms if self.first_ts_ms >= 0 else self.ctime_ms,
+                   self.ts_floor_ms)
+
+    @property
+    def last_ts(self) -> int:
+        """The last record's timestamp as readers see it (a completed segment)."""
+        return max(self.last_ts_ms if self.last_ts_ms >= 0 else self.ctime_ms,
+                   self.ts_floor_ms)
 
     @property
     def first_position(self) -> Position:
@@ -274,6 +296,9 @@ class StreamMeta:
     last_txid: int = -1
     """The highest txid any completed segment ever held (kept after truncation, so a
     new writer continues the sequence)."""
+    last_ts_ms: int = -1
+    """The highest record timestamp any completed segment ever held (kept after
+    truncation, so a new writer's times do not go below it)."""
     epoch: int = 0
     """Bumped by every writer that opens the stream: an older writer's next change of
     the segments sees it moved and knows it was fenced."""
@@ -282,7 +307,8 @@ class StreamMeta:
     def to_bytes(self) -> bytes:
         return _pack({"overrides": self.overrides, "max_seq": self.max_seq,
                       "ended": self.ended, "ctime_ms": self.ctime_ms,
-                      "last_txid": self.last_txid, "epoch": self.epoch})
+                      "last_txid": self.last_txid, "epoch": self.epoch,
+                      "last_ts_ms": self.last_ts_ms})
 
 
 class SinkMark(NamedTuple):
@@ -376,7 +402,8 @@ class StreamMetadata:
         d = _unpack(kv, f"stream {namespace}/{name}")
         return StreamMeta(namespace, name, dict(d.get("overrides", {})), int(d.get("max_seq", 0)),
                           bool(d.get("ended", False)), int(d.get("ctime_ms", 0)),
-                          int(d.get("last_txid", -1)), int(d.get("epoch", 0)), kv.version)
+                          int(d.get("last_txid", -1)), int(d.get("last_ts_ms", -1)),
+                          int(d.get("epoch", 0)), kv.version)
 
     async def list_streams(self, namespace: str, prefix: str = "", limit: int = 0) -> list[str]:
         check_namespace_name(namespace)
@@ -431,7 +458,8 @@ class StreamMetadata:
         skey = keys.stream(self.root, ns, name)
         max_seq = max([sm.max_seq, *(s.seq for s in put)])
         last_txid = max([sm.last_txid, *(s.last_txid for s in put)])
-        new_sm = dataclasses.replace(sm, max_seq=max_seq, last_txid=last_txid,
+        last_ts = max([sm.last_ts_ms, *(s.last_ts for s in put if s.completed and s.records)])
+        new_sm = dataclasses.replace(sm, max_seq=max_seq, last_txid=last_txid, last_ts_ms=last_ts,
                                      ended=sm.ended if ended is None else ended,
                                      epoch=sm.epoch if epoch is None else epoch)
         compare = [(skey, sm.version)]

@@ -137,18 +137,22 @@ class Namespace:
     # ------------------------------------------------------------------ reading
 
     async def open_reader(self, name: str, start: Position | None = None, *,
-                          txid: int | None = None, readahead_entries: int = 32) -> StreamReader:
+                          txid: int | None = None, timestamp_ms: int | None = None,
+                          readahead_entries: int = 32) -> StreamReader:
         """A reader from ``start`` (a Position, ``Position.EARLIEST`` (default) or
-        ``Position.LATEST``) or from the first record with a txid >= ``txid``."""
+        ``Position.LATEST``), from the first record with a txid >= ``txid``, or from
+        the first record with a timestamp >= ``timestamp_ms`` (exactly: stream times
+        never decrease)."""
         check_stream_name(name)
-        pos = await resolve_start(self.context, name, start, txid)
+        pos = await resolve_start(self.context, name, start, txid, timestamp_ms)
         return StreamReader(self.context, name, pos, readahead_entries)
 
     async def read(self, name: str, start: Position | None = None, *,
-                   txid: int | None = None) -> AsyncIterator[StreamRecord]:
-        """Every record from ``start`` on, tailing forever (break to stop); ends after
-        the last record of an ended stream."""
-        reader = await self.open_reader(name, start, txid=txid)
+                   txid: int | None = None,
+                   timestamp_ms: int | None = None) -> AsyncIterator[StreamRecord]:
+        """Every record from ``start`` (or ``txid``, or ``timestamp_ms``) on, tailing
+        forever (break to stop); ends after the last record of an ended stream."""
+        reader = await self.open_reader(name, start, txid=txid, timestamp_ms=timestamp_ms)
         try:
             while True:
                 try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..backoff import Backoff
@@ -27,11 +27,11 @@ from ..errors import (
     NoSuchLedgerError,
     TruncatedError,
 )
-from .codec import Batch, decode
+from .codec import Batch, timestamp_bounds, unpack_extras
 from .context import StreamContext
 from .meta import Segment
 from .position import Position
-from .segment_ledger import open_for_read
+from .segment_ledger import decode_entry, open_for_read
 
 SEGMENT_POLL_S = 0.02
 """First pause between two looks for a segment that does not exist yet (it doubles)."""
@@ -45,12 +45,33 @@ metadata, so a roll or takeover is noticed within about this long."""
 
 @dataclass(frozen=True, slots=True)
 class StreamRecord:
-    """One record read from a stream."""
+    """One record read from a stream: where it is, its txid and bytes, its key
+    (None: none), headers and timestamp (ms since the epoch)."""
 
     stream: str
     position: Position
     txid: int
     data: bytes
+    key: bytes | None = None
+    headers: dict[str, bytes] = field(default_factory=dict)
+    timestamp_ms: int = 0
+
+
+def batch_records(stream: str, seq: int, entry_id: int, batch: Batch, first_slot: int,
+                  where: str) -> list[StreamRecord]:
+    """The records of a decoded entry from ``first_slot`` on."""
+    txids, datas, tss = batch.txids, batch.datas, batch.timestamps
+    extras = batch.extras
+    new = StreamRecord
+    if extras is None:
+        return [new(stream, Position(seq, entry_id, i), txids[i], datas[i], None, {}, tss[i])
+                for i in range(first_slot, len(datas))]
+    out = []
+    for i in range(first_slot, len(datas)):
+        key, headers = unpack_extras(extras[i], where)
+        out.append(new(stream, Position(seq, entry_id, i), txids[i], datas[i], key, headers,
+                       tss[i]))
+    return out
 
 
 _END = object()
@@ -188,15 +209,15 @@ class StreamReader:
                     f"stream {self.namespace}/{name}: the ledger {seg.ledger_id} of segment "
                     f"{seg.seq} does not exist") from None
             async for entry in rh.tail(first_entry, poll_s=LAC_POLL_S):
-                batch = decode(entry.data, f"stream {self.namespace}/{name} segment "
-                                                 f"{seq} entry {entry.entry_id}")
+                where = f"stream {self.namespace}/{name} segment {seq} entry {entry.entry_id}"
+                batch = decode_entry(seg, entry.data, where)
                 if batch.end_of_stream:
                     await self._queue.put(EndOfStreamError(
                         f"stream {self.namespace}/{name} was ended after its last record"))
                     return
-                records = [StreamRecord(name, Position(seq, entry.entry_id, i), txid, data)
-                           for i, (txid, data) in enumerate(batch.records)
-                           if entry.entry_id != first_entry or i >= first_slot]
+                records = batch_records(name, seq, entry.entry_id, batch,
+                                        first_slot if entry.entry_id == first_entry else 0,
+                                        where)
                 if records:
                     await self._queue.put(records)
             seq += 1
@@ -224,12 +245,17 @@ class StreamReader:
 
 
 async def resolve_start(ctx: StreamContext, name: str, start: Position | None,
-                        txid: int | None) -> Position:
-    """A real position for EARLIEST, LATEST, a position or a txid."""
+                        txid: int | None, timestamp_ms: int | None = None) -> Position:
+    """A real position for EARLIEST, LATEST, a position, a txid or a time."""
     md, ns = ctx.md, ctx.namespace
+    if sum(x is not None for x in (txid, timestamp_ms)) + (start is not None) > 1:
+        raise ValueError("give one of start, txid and timestamp_ms")
     sm = await md.stream(ns, name)
     if txid is not None:
         return await _position_of_txid(ctx, await md.segments(ns, name), sm.max_seq, txid)
+    if timestamp_ms is not None:
+        return await position_of_time(ctx, await md.segments(ns, name), sm.max_seq,
+                                      timestamp_ms)
     # Only the first segment or the last (numbered max_seq) matters: read just that one.
     if start == Position.LATEST:
         segs = await md.segments(ns, name, from_seq=sm.max_seq)
@@ -269,18 +295,60 @@ async def _position_of_txid(ctx: StreamContext, segs: list[Segment], max_seq: in
 
     async def batch_at(entry_id: int) -> Batch:
         data = (await rh.read_unconfirmed(entry_id, entry_id))[0].data
-        return decode(data, f"{where} entry {entry_id}")
+        return decode_entry(target, data, f"{where} entry {entry_id}")
 
     lo, hi = 0, last + 1  # the first entry whose last txid >= txid is in [lo, hi]
     while lo < hi:
         mid = (lo + hi) // 2
         b = await batch_at(mid)
-        if not b.records or b.records[-1][0] >= txid:
+        if not b.count or b.txids[-1] >= txid:
             hi = mid
         else:
             lo = mid + 1
     if lo > last:
         return Position(target.seq, last + 1, 0)
     b = await batch_at(lo)
-    slot = next((i for i, (t, _) in enumerate(b.records) if t >= txid), 0)
+    slot = next((i for i, t in enumerate(b.txids) if t >= txid), 0)
+    return Position(target.seq, lo, slot)
+
+
+async def position_of_time(ctx: StreamContext, segs: list[Segment], max_seq: int,
+                           timestamp_ms: int) -> Position:
+    """The first record with a timestamp >= ``timestamp_ms`` (or, when there is none
+    yet, where the next record will be): the segment by its time range (from its
+    metadata), then a binary search over its entries reading only their headers and
+    time columns, O(log entries) reads.  Exact, as a stream's times never decrease."""
+    if not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool):
+        raise TypeError(f"timestamp_ms must be an int (ms since the epoch), not "
+                        f"{type(timestamp_ms).__name__}")
+    target = next((s for s in segs if not s.completed or (s.records and
+                                                          s.last_ts >= timestamp_ms)), None)
+    if target is None:
+        return Position(max_seq + 1, 0, 0)
+    if target.completed and target.first_ts >= timestamp_ms:
+        return target.first_position
+    rh = await open_for_read(ctx, target.ledger_id)
+    last = target.last_entry if target.completed else rh.last_add_confirmed
+    where = f"stream {ctx.namespace} segment {target.seq}"
+    floor = target.ts_floor_ms
+
+    async def bounds_at(entry_id: int) -> tuple[int, int]:
+        data = (await rh.read_unconfirmed(entry_id, entry_id))[0].data
+        count, _first, last_ts = timestamp_bounds(data, f"{where} entry {entry_id}",
+                                                  target.ctime_ms)
+        return count, max(last_ts, floor)
+
+    lo, hi = 0, last + 1  # the first entry whose last time >= timestamp_ms is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        count, last_ts = await bounds_at(mid)
+        if not count or last_ts >= timestamp_ms:
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo > last:
+        return Position(target.seq, last + 1, 0)
+    data = (await rh.read_unconfirmed(lo, lo))[0].data
+    b = decode_entry(target, data, f"{where} entry {lo}")
+    slot = next((i for i, t in enumerate(b.timestamps) if t >= timestamp_ms), 0)
     return Position(target.seq, lo, slot)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import BKError, NoSuchLedgerError
-from .codec import decode
+from .codec import Batch, decode
 from .context import StreamContext
 from .meta import COMPLETED, Segment, StreamConfig, placement_spec
 
@@ -54,7 +54,8 @@ class Tally:
     """What a writer has put in its open segment (pure state): records and their bytes
     as they are sent, and the place of the last record acknowledged."""
 
-    __slots__ = ("first_txid", "last_entry", "last_slot", "last_txid", "records", "size_bytes")
+    __slots__ = ("first_ts", "first_txid", "last_entry", "last_slot", "last_ts", "last_txid",
+                 "records", "size_bytes")
 
     def __init__(self) -> None:
         self.records = 0
@@ -63,12 +64,17 @@ class Tally:
         self.last_txid = -1
         self.last_entry = -1
         self.last_slot = -1
+        self.first_ts = -1
+        self.last_ts = -1
 
-    def sent(self, txids: Sequence[int], nbytes: int) -> None:
-        """An entry of ``txids`` (``nbytes`` bytes of records) was sent."""
+    def sent(self, txids: Sequence[int], nbytes: int, first_ts: int, last_ts: int) -> None:
+        """An entry of ``txids`` (``nbytes`` bytes of records, timestamps ``first_ts``
+        to ``last_ts``) was sent."""
         if self.first_txid < 0:
             self.first_txid = txids[0]
+            self.first_ts = first_ts
         self.last_txid = txids[-1]
+        self.last_ts = last_ts
         self.records += len(txids)
         self.size_bytes += nbytes
 
@@ -82,7 +88,8 @@ class Tally:
         return dataclasses.replace(
             seg, state=COMPLETED, records=self.records, first_txid=self.first_txid,
             last_txid=self.last_txid, last_entry=self.last_entry, last_slot=self.last_slot,
-            size_bytes=self.size_bytes, completion_ms=completion_ms)
+            size_bytes=self.size_bytes, completion_ms=completion_ms,
+            first_ts_ms=self.first_ts, last_ts_ms=self.last_ts)
 
 
 async def complete_segment(ctx: StreamContext, lh: LedgerHandle, seg: Segment, tally: Tally) -> Segment:
@@ -119,17 +126,25 @@ async def recover_segment(ctx: StreamContext, seg: Segment) -> Recovered:
     ended = False
     entry = last
     while entry >= 0:
-        batch = decode((await rh.read(entry, entry))[0].data, f"{where}:{entry}")
+        batch = decode_entry(seg, (await rh.read(entry, entry))[0].data, f"{where}:{entry}")
         ended = ended or (entry == last and batch.end_of_stream)
-        if batch.records:
-            first = decode((await rh.read(0, 0))[0].data, f"{where}:0")
-            first_txid = first.records[0][0] if first.records else batch.records[0][0]
+        if batch.count:
+            first = decode_entry(seg, (await rh.read(0, 0))[0].data, f"{where}:0")
+            head = first if first.count else batch
             return Recovered(dataclasses.replace(
-                completed, records=batch.records_before + len(batch.records),
-                first_txid=first_txid, last_txid=batch.records[-1][0], last_entry=entry,
-                last_slot=len(batch.records) - 1), ended)
+                completed, records=batch.records_before + batch.count,
+                first_txid=head.txids[0], last_txid=batch.txids[-1], last_entry=entry,
+                last_slot=batch.count - 1, first_ts_ms=head.timestamps[0],
+                last_ts_ms=batch.timestamps[-1]), ended)
         entry -= 1
     return Recovered(completed, ended)
+
+
+def decode_entry(seg: Segment, payload: bytes, where: str) -> Batch:
+    """An entry of ``seg``'s ledger: its records with the segment's times (version-1
+    entries take the segment's creation time; adopted ones are raised to its floor)."""
+    batch = decode(payload, where, seg.ctime_ms)
+    return batch.floored(seg.ts_floor_ms) if seg.ts_floor_ms else batch
 
 
 async def fence_ledger(ctx: StreamContext, ledger_id: int) -> None:

@@ -48,7 +48,15 @@ from ..errors import (
     TooManyRequestsError,
     WriterFencedError,
 )
-from .codec import END_OF_STREAM, HEADER_BYTES, RECORD_OVERHEAD_BYTES, TXID_MAX, encode
+from .codec import (
+    END_OF_STREAM,
+    HEADER_BYTES,
+    RECORD_OVERHEAD_BYTES_MAX,
+    TIMESTAMP_MS_MAX,
+    TXID_MAX,
+    encode,
+    pack_extras,
+)
 from .context import StreamContext, StreamLimits
 from .meta import Segment, StreamConfig, StreamMeta
 from .position import Position
@@ -123,7 +131,7 @@ class StreamWriter:
 
     def __init__(self, ctx: StreamContext, config: StreamConfig, sm: StreamMeta,
                  segment: Segment, lh: LedgerHandle, last_txid: int,
-                 options: WriterOptions) -> None:
+                 options: WriterOptions, last_ts_ms: int = 0) -> None:
         self._ctx = ctx
         self.namespace = ctx.namespace
         self.stream = sm.name
@@ -137,12 +145,17 @@ class StreamWriter:
         self._log = ctx.log(stream=sm.name)
         self._last_txid = last_txid
         """The txid of the last record accepted (written or queued)."""
+        self._last_ts = last_ts_ms
+        """The timestamp of the last record accepted: none below it is stored."""
         # the segment being written
         self._seg_started_s = self._clock.monotonic_s()
         self._tally = Tally()
         # records queued for the next entry
         self._txids: list[int] = []
         self._datas: list[bytes] = []
+        self._tss: list[int] = []
+        self._extras: list[bytes] | None = None
+        """Each queued record's packed key and headers (None: no queued record has any)."""
         self._futures: list[asyncio.Future[Position]] = []
         self._buffer_bytes = 0
         self._transmit_scheduled = False
@@ -170,10 +183,20 @@ class StreamWriter:
         """The number of the segment being written."""
         return self._seg.seq
 
-    def write_nowait(self, data: bytes, txid: int | None = None) -> asyncio.Future[Position]:
+    @property
+    def last_timestamp_ms(self) -> int:
+        """The timestamp of the last record written (or queued); the stream's last
+        before any."""
+        return self._last_ts
+
+    def write_nowait(self, data: bytes, txid: int | None = None, *, key: bytes | None = None,
+                     headers: dict[str, bytes] | None = None,
+                     timestamp_ms: int | None = None) -> asyncio.Future[Position]:
         """Queue ``data`` now (in call order); the future resolves to its Position once
-        it is durable.  Raises at once on bad input, a failed or closed writer, or when
-        the writer's pending bounds are reached (TooManyRequestsError)."""
+        it is durable.  ``key`` and ``headers`` travel with the record; ``timestamp_ms``
+        (default: the wall clock now) is raised to the previous record's if lower.
+        Raises at once on bad input, a failed or closed writer, or when the writer's
+        pending bounds are reached (TooManyRequestsError)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"write takes bytes, not {type(data).__name__}")
         self._check_writable()
@@ -187,10 +210,17 @@ class StreamWriter:
                 + ("negative" if txid < 0 else "too large" if txid > TXID_MAX else
                    f"below the previous one ({self._last_txid})")
                 + "; txids must not decrease")
-        size = len(data)
+        if timestamp_ms is None:
+            ts = int(self._clock.wall_s() * 1000)
+        else:
+            ts = check_timestamp_ms(timestamp_ms)
+        if ts < self._last_ts:
+            ts = self._last_ts
+        extra = b"" if key is None and not headers else _extras(key, headers)
+        size = len(data) + len(extra)
         if size > self._options.record_bytes_max:
             raise EntryTooLargeError(
-                f"record of {size} bytes exceeds record_bytes_max "
+                f"record of {size} bytes (with its key and headers) exceeds record_bytes_max "
                 f"({self._options.record_bytes_max}); split it")
         if self._pending_records >= self._options.pending_records_max \
                 or self._pending_bytes + size > self._options.pending_bytes_max:
@@ -199,18 +229,26 @@ class StreamWriter:
                 f"stream {self.namespace}/{self.stream}: {self._pending_records} records "
                 f"({self._pending_bytes} bytes) pending; await write() or flush()")
         fut: asyncio.Future[Position] = self._loop.create_future()
-        cost = size + RECORD_OVERHEAD_BYTES  # what it adds to the entry
+        cost = size + RECORD_OVERHEAD_BYTES_MAX  # what it may add to the entry
         if self._buffer_bytes and self._buffer_bytes + cost > self._options.batch_bytes_max:
             self._transmit()
             if self._error is not None:  # that send found the writer failed
                 raise self._error
         self._txids.append(txid)
         self._datas.append(bytes(data))
+        self._tss.append(ts)
+        if extra:
+            if self._extras is None:
+                self._extras = [b""] * (len(self._datas) - 1)
+            self._extras.append(extra)
+        elif self._extras is not None:
+            self._extras.append(b"")
         self._futures.append(fut)
         self._buffer_bytes += cost
         self._pending_records += 1
         self._pending_bytes += size
         self._last_txid = txid
+        self._last_ts = ts
         if self._buffer_bytes >= self._options.batch_bytes_max:
             self._transmit()
         elif not self._transmit_scheduled:
@@ -218,9 +256,12 @@ class StreamWriter:
             self._loop.call_soon(self._transmit_soon)
         return fut
 
-    async def write(self, data: bytes, txid: int | None = None) -> Position:
+    async def write(self, data: bytes, txid: int | None = None, *, key: bytes | None = None,
+                    headers: dict[str, bytes] | None = None,
+                    timestamp_ms: int | None = None) -> Position:
         """Write one record and wait until it is durable; returns its Position.  Waits
-        for room when the writer's pending bounds are reached."""
+        for room when the writer's pending bounds are reached.  ``key``, ``headers``,
+        ``timestamp_ms``: as :meth:`write_nowait`."""
         while True:
             self._check_writable()
             if self._pending_records < self._options.pending_records_max and \
@@ -228,7 +269,8 @@ class StreamWriter:
                 break
             self._room.clear()
             await self._room.wait()
-        return await self.write_nowait(data, txid)
+        return await self.write_nowait(data, txid, key=key, headers=headers,
+                                       timestamp_ms=timestamp_ms)
 
     async def flush(self) -> None:
         """Send what is queued and wait until every record written so far is durable."""
@@ -301,11 +343,12 @@ class StreamWriter:
         """Send the queued records, as entries of at most ``batch_bytes_max`` bytes of
         records each (unless a roll is under way: they wait for the new segment)."""
         limit = self._options.batch_bytes_max - HEADER_BYTES
-        overhead = RECORD_OVERHEAD_BYTES
+        overhead = RECORD_OVERHEAD_BYTES_MAX
         while self._futures and self._roll_task is None and self._error is None:
             n, encoded = 0, 0
-            for data in self._datas:  # at least one record, then while they fit
-                cost = len(data) + overhead
+            extras = self._extras
+            for i, data in enumerate(self._datas):  # at least one record, then while they fit
+                cost = len(data) + overhead + (len(extras[i]) if extras is not None else 0)
                 if n and encoded + cost > limit:
                     break
                 n += 1
@@ -315,10 +358,14 @@ class StreamWriter:
     def _send(self, n: int, encoded: int) -> None:
         """Send the first ``n`` queued records (``encoded`` bytes in the entry)."""
         txids, datas, futures = self._txids[:n], self._datas[:n], self._futures[:n]
-        del self._txids[:n], self._datas[:n], self._futures[:n]
+        tss = self._tss[:n]
+        del self._txids[:n], self._datas[:n], self._futures[:n], self._tss[:n]
+        extras = self._extras
+        if extras is not None:
+            extras, self._extras = extras[:n], extras[n:] or None
         self._buffer_bytes -= encoded
-        nbytes = encoded - n * RECORD_OVERHEAD_BYTES  # the records' own bytes
-        payload = encode(self._tally.records, txids, datas)
+        nbytes = encoded - n * RECORD_OVERHEAD_BYTES_MAX  # the records' own bytes
+        payload = encode(self._tally.records, txids, datas, tss, extras)
         try:
             ledger_future = self._lh.append(payload)
         except BKError as exc:
@@ -327,7 +374,7 @@ class StreamWriter:
                 f.exception()
             self._fail(self._map_error(exc))
             return
-        self._tally.sent(txids, nbytes)
+        self._tally.sent(txids, nbytes, tss[0], tss[-1])
         entry = _Entry(self._seg.seq, ledger_future, futures, nbytes)
         self._inflight.append(entry)
         ledger_future.add_done_callback(functools.partial(self._entry_done, entry))
@@ -381,6 +428,7 @@ class StreamWriter:
             self._log.warning("stream writer failed", error=str(error))
         futures, self._futures = self._futures, []
         self._txids, self._datas, self._buffer_bytes = [], [], 0
+        self._tss, self._extras = [], None
         for f in futures:
             if not f.done():
                 f.set_exception(self._error)
@@ -437,6 +485,7 @@ class StreamWriter:
         while True:
             new = Segment(seq=self._sm.max_seq + 1, ledger_id=lh.id,
                           start_sequence=completed.start_sequence + completed.records,
+                          start_bytes=completed.start_bytes + completed.size_bytes,
                           ctime_ms=ctx.now_ms())
             try:
                 self._sm, (_, new) = await ctx.md.commit(self._sm, put=[completed, new])
@@ -495,7 +544,8 @@ class StreamWriter:
             self._closed = True
             if end:
                 # An entry with no records marks the end, after every record.
-                fut = self._lh.append(encode(self._tally.records, [], [], END_OF_STREAM))
+                fut = self._lh.append(encode(self._tally.records, [], [],
+                                             flags=END_OF_STREAM))
                 await fut
             completed = await complete_segment(self._ctx, self._lh, self._seg, self._tally)
             await self._commit_completed(completed, ended=end)
@@ -520,6 +570,35 @@ class StreamWriter:
     def stream_meta(self) -> StreamMeta:
         """The stream record this writer holds (the version it read or wrote last)."""
         return self._sm
+
+
+def check_timestamp_ms(timestamp_ms: object) -> int:
+    """``timestamp_ms`` if it is a record time (ms since the epoch); else ValueError."""
+    if not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool):
+        raise TypeError(f"timestamp_ms must be an int (ms since the epoch), not "
+                        f"{type(timestamp_ms).__name__}")
+    if not 0 <= timestamp_ms <= TIMESTAMP_MS_MAX:
+        raise ValueError(f"timestamp_ms {timestamp_ms} out of range: ms since the epoch, "
+                         f"0 to {TIMESTAMP_MS_MAX}")
+    return timestamp_ms
+
+
+def _extras(key: object, headers: object) -> bytes:
+    """A record's key and headers, checked and packed."""
+    if key is not None and not isinstance(key, bytes):
+        if isinstance(key, (bytearray, memoryview)):
+            key = bytes(key)
+        else:
+            raise TypeError(f"key must be bytes or None, not {type(key).__name__}")
+    if headers is not None:
+        if not isinstance(headers, dict):
+            raise TypeError(f"headers must be a dict of str to bytes, not "
+                            f"{type(headers).__name__}")
+        for name, value in headers.items():
+            if not isinstance(name, str) or not isinstance(value, bytes):
+                raise TypeError(f"headers must map str to bytes; got {name!r}: "
+                                f"{type(value).__name__}")
+    return pack_extras(key, headers)
 
 
 def _consume(task: asyncio.Future[Any]) -> None:
@@ -560,10 +639,14 @@ async def open_writer(ctx: StreamContext, name: str, options: WriterOptions) -> 
                     await md.commit(sm, put=put, ended=True)
                 raise EndOfStreamError(f"stream {ctx.namespace}/{name} was ended")
         last_txid = max([sm.last_txid, *(s.last_txid for s in segs), *(s.last_txid for s in put)])
+        last_ts = max([sm.last_ts_ms, *(s.last_ts for s in segs if s.records),
+                       *(s.last_ts for s in put if s.records)])
         start_sequence = last.start_sequence + last.records if last is not None else 0
+        start_bytes = last.start_bytes + last.size_bytes if last is not None else 0
         seq = max([sm.max_seq, *(s.seq for s in segs)]) + 1
         lh = await create_segment_ledger(ctx, name, config, seq)
         new = Segment(seq=seq, ledger_id=lh.id, start_sequence=start_sequence,
+                      start_bytes=start_bytes,
                       ctime_ms=ctx.now_ms())
         try:
             sm, committed = await md.commit(sm, put=[*put, new])
@@ -579,7 +662,7 @@ async def open_writer(ctx: StreamContext, name: str, options: WriterOptions) -> 
         if took_over:
             ctx.stats.took_over(ctx.namespace)
             log.info("took the stream over", fenced_segment=put[0].seq, segment=seq)
-        writer = StreamWriter(ctx, config, sm, committed[-1], lh, last_txid, options)
+        writer = StreamWriter(ctx, config, sm, committed[-1], lh, last_txid, options, last_ts)
         await apply_retention(ctx, name, writer, quiet=True)
         return writer
     raise WriterFencedError(
