@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .stream.namespace import Namespace
     from .stream.position import Position
     from .stream.reader import StreamReader, StreamRecord
+    from .stream.subscription import Subscription, SubscriptionInfo
     from .stream.writer import StreamWriter
 
 _LAZY = {
@@ -28,6 +29,8 @@ _LAZY = {
     "StreamRecord": ("asyncbk.stream.reader", "StreamRecord"),
     "StreamReader": ("asyncbk.stream.reader", "StreamReader"),
     "StreamWriter": ("asyncbk.stream.writer", "StreamWriter"),
+    "Subscription": ("asyncbk.stream.subscription", "Subscription"),
+    "SubscriptionInfo": ("asyncbk.stream.subscription", "SubscriptionInfo"),
     "LedgerHandle": ("asyncbk.client.ledger", "LedgerHandle"),
     "ReadHandle": ("asyncbk.client.ledger", "ReadHandle"),
     "LedgerMetadata": ("asyncbk.meta.model", "LedgerMetadata"),
@@ -47,6 +50,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BookKeeper", "LedgerEntry", "LedgerHandle", "LedgerMetadata", "LedgerState", "Namespace",
-    "PlacementSpec", "Position", "ReadHandle", "StreamReader", "StreamRecord", "StreamWriter", "__version__",
+    "PlacementSpec", "Position", "ReadHandle", "StreamReader", "StreamRecord", "StreamWriter", "Subscription",
+    "SubscriptionInfo", "__version__",
     "errors",
 ]

@@ -163,6 +163,20 @@ class EndOfStreamError(BKError):
     attempted after the end)."""
 
 
+class NoSuchSubscriptionError(BKError):
+    """No subscription of that name exists on the stream."""
+
+
+class SubscriptionFencedError(BKError):
+    """Another consumer subscribed with the same name (or the subscription was sought
+    or deleted): this consumer's acknowledgements no longer count."""
+
+
+class InvalidAckError(BKError, ValueError):
+    """An acknowledgement of a position this consumer was never delivered, or below
+    one it acknowledged already: nothing changed."""
+
+
 class CorruptRecordError(BKError):
     """A stream entry that does not decode as a batch of records (not written by a
     stream writer, or damaged)."""

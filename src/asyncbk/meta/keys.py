@@ -172,6 +172,19 @@ def sink(root: str, namespace: str, name: str, sink_id: str) -> str:
     return f"{sinks_prefix(root, namespace, name)}{_quote(sink_id)}"
 
 
+def subscriptions_prefix(root: str, namespace: str, name: str) -> str:
+    """The subscriptions (durable cursors) of a stream."""
+    return f"{root}/streams/sub/{_quote(namespace)}/{_quote(name)}/"
+
+
+def subscription(root: str, namespace: str, name: str, subscription: str) -> str:
+    return f"{subscriptions_prefix(root, namespace, name)}{_quote(subscription)}"
+
+
+def subscription_from_key(root: str, namespace: str, name: str, key: str) -> str:
+    return urllib.parse.unquote(key[len(subscriptions_prefix(root, namespace, name)):])
+
+
 def staging_prefix(root: str, namespace: str, name: str) -> str:
     """Ledgers written for a stream by Spark tasks, not (yet) part of it."""
     return f"{root}/streams/staging/{_quote(namespace)}/{_quote(name)}/"

@@ -10,7 +10,9 @@ from .meta import StreamConfig
 from .namespace import Namespace, SegmentInfo, StreamInfo
 from .position import Position
 from .reader import StreamReader, StreamRecord
+from .subscription import Subscription, SubscriptionInfo
 from .writer import StreamWriter, WriterOptions
 
 __all__ = ["BookKeeper", "Namespace", "Position", "SegmentInfo", "StreamConfig", "StreamInfo",
-           "StreamReader", "StreamRecord", "StreamWriter", "WriterOptions"]
+           "StreamReader", "StreamRecord", "StreamWriter", "Subscription", "SubscriptionInfo",
+           "WriterOptions"]

@@ -106,6 +106,16 @@ class StreamConfig:
     enforce_placement: bool | None = None
     """Fail to start a segment (PlacementError) rather than place it with less spread
     (None: the client's)."""
+    backlog_quota_bytes: int = 0
+    """A subscription holds back retention and truncation until its backlog (the
+    completed segments from the one it is in) exceeds this many bytes; then the
+    oldest segments go anyway and it is told (0: no limit)."""
+    backlog_quota_s: float = 0.0
+    """The same bound on the age of the oldest segment a subscription holds (0: no
+    limit)."""
+    subscription_ack_interval_s: float = 1.0
+    """How often a consumer persists its acknowledgements (at most one metadata write
+    per subscription per interval; ``sub.flush()`` persists at once)."""
 
     def validate(self) -> StreamConfig:
         if not (self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1):
@@ -114,9 +124,13 @@ class StreamConfig:
                 f"{self.ensemble_size}/{self.write_quorum}/{self.ack_quorum}")
         if self.digest not in DIGESTS:
             raise ConfigError(f"unknown digest {self.digest!r}; choose one of {', '.join(DIGESTS)}")
-        for name in ("rolling_bytes", "rolling_s", "rolling_entries", "retention_s"):
+        for name in ("rolling_bytes", "rolling_s", "rolling_entries", "retention_s",
+                     "backlog_quota_bytes", "backlog_quota_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
+        if not 0 < self.subscription_ack_interval_s <= 3600:
+            raise ConfigError("subscription_ack_interval_s must be > 0 and at most 3600, got "
+                              f"{self.subscription_ack_interval_s}")
         for name, want in PLACEMENT_FIELDS.items():
             value = getattr(self, name)
             if value is not None and (not isinstance(value, want)
@@ -142,10 +156,12 @@ class StreamConfig:
                 if (value := getattr(self, name)) is not None}
 
     def to_record(self) -> dict[str, Any]:
-        """The settings as stored: placement settings left None are left out, so a
-        namespace that sets none reads in clients that predate them."""
+        """The settings as stored: placement settings left None and subscription
+        settings left at their defaults are left out, so a namespace that sets none
+        reads in clients that predate them."""
         return {k: v for k, v in dataclasses.asdict(self).items()
-                if v is not None or k not in PLACEMENT_FIELDS}
+                if (v is not None or k not in PLACEMENT_FIELDS)
+                and (k not in _LATER_FIELDS or v != _LATER_FIELDS[k])}
 
 
 PLACEMENT_FIELDS: dict[str, type] = {"placement_policy": str,
@@ -154,6 +170,11 @@ PLACEMENT_FIELDS: dict[str, type] = {"placement_policy": str,
                                      "enforce_placement": bool}
 """The placement settings and their types: each may be None (absent), meaning the
 setting of the client that writes the segment."""
+
+
+_LATER_FIELDS: dict[str, Any] = {"backlog_quota_bytes": 0, "backlog_quota_s": 0.0,
+                                 "subscription_ack_interval_s": 1.0}
+"""Settings added with subscriptions, and their defaults (left out when at them)."""
 
 
 def placement_spec(config: StreamConfig) -> PlacementSpec | None:
@@ -520,4 +541,5 @@ class StreamMetadata:
             [(keys.stream(self.root, sm.namespace, sm.name), sm.version)],
             delete=[keys.stream(self.root, sm.namespace, sm.name)],
             delete_prefix=[keys.segments_prefix(self.root, sm.namespace, sm.name),
-                           keys.sinks_prefix(self.root, sm.namespace, sm.name)])
+                           keys.sinks_prefix(self.root, sm.namespace, sm.name),
+                           keys.subscriptions_prefix(self.root, sm.namespace, sm.name)])

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..clock import LOOP_CLOCK, Clock
 from ..errors import EndOfStreamError, MetadataVersionError, NoSuchStreamError
+from . import subscription
 from .adopt import sweep
 from .context import StreamContext
 from .meta import StreamConfig, StreamMeta, StreamMetadata, check_stream_name, config_from
@@ -17,6 +18,7 @@ from .reader import StreamReader, StreamRecord, resolve_start
 from .retention import apply_retention, drop_segments, segments_before
 from .segment_ledger import delete_ledger, fence_ledger
 from .stats import StreamStats
+from .subscription import Subscription, SubscriptionInfo
 from .writer import StreamWriter, WriterOptions, open_writer
 
 if TYPE_CHECKING:
@@ -165,12 +167,48 @@ class Namespace:
 
     # ------------------------------------------------------------------ truncation
 
-    async def truncate(self, name: str, before: Position) -> int:
+    async def truncate(self, name: str, before: Position, force: bool = False) -> int:
         """Drop the completed segments that lie wholly before ``before`` (never the open
-        one), with their ledgers.  Returns how many were dropped."""
+        one), with their ledgers, as far as the stream's subscriptions have
+        acknowledged them (or their backlog quota lets them go); ``force``: regardless
+        of subscriptions.  Returns how many were dropped."""
         if not isinstance(before, Position) or before.is_marker():
             raise TypeError("truncate needs a real Position (from a record or Position.parse)")
-        return await drop_segments(self.context, name, segments_before(before), "truncated")
+        return await drop_segments(self.context, name, segments_before(before), "truncated",
+                                   force=force)
+
+    # ------------------------------------------------------------------ subscriptions
+
+    async def subscribe(self, stream: str, name: str, start: Position | None = None, *,
+                        timestamp_ms: int | None = None,
+                        readahead_entries: int = 32) -> Subscription:
+        """The consumer of the subscription ``name`` of ``stream``: created at ``start``
+        (``Position.EARLIEST`` (default), ``Position.LATEST``, a position, or the first
+        record at or after ``timestamp_ms``) if it does not exist; else taken over
+        (the previous consumer is fenced) and resumed after its last persisted ack."""
+        check_stream_name(stream)
+        return await subscription.subscribe(self.context, stream, name,
+                                            start if start is not None or timestamp_ms
+                                            is not None else Position.EARLIEST,
+                                            timestamp_ms, readahead_entries)
+
+    async def subscriptions(self, stream: str) -> list[SubscriptionInfo]:
+        """The subscriptions of ``stream`` with their position and lag."""
+        check_stream_name(stream)
+        return await subscription.infos(self.context, stream)
+
+    async def seek_subscription(self, stream: str, name: str, position: Position | None = None,
+                                *, timestamp_ms: int | None = None) -> Position:
+        """Move a subscription to ``position`` (a position, ``Position.EARLIEST`` or
+        ``Position.LATEST``) or to the first record at or after ``timestamp_ms``, back
+        or forth; its consumer is fenced and subscribes again.  Returns the position."""
+        check_stream_name(stream)
+        return await subscription.seek(self.context, stream, name, position, timestamp_ms)
+
+    async def delete_subscription(self, stream: str, name: str) -> None:
+        """Remove a subscription: retention no longer waits for it."""
+        check_stream_name(stream)
+        await subscription.delete(self.context, stream, name)
 
     async def apply_retention(self, target: StreamWriter | str, quiet: bool = False) -> int:
         """Drop completed segments completed longer ago than the stream's

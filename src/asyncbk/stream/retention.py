@@ -19,6 +19,7 @@ from .context import StreamContext
 from .meta import Segment, StreamMeta
 from .position import Position
 from .segment_ledger import delete_ledger
+from .subscription import let_go
 
 
 class StreamHolder(Protocol):
@@ -43,15 +44,20 @@ def segments_before(position: Position) -> Callable[[Segment], bool]:
 
 
 async def drop_segments(ctx: StreamContext, stream: str, doomed: Callable[[Segment], bool], why: str,
-               holder: StreamHolder | None = None) -> int:
-    """Remove the segments ``doomed`` says (never the last one) and their ledgers;
-    returns how many.  With a ``holder`` whose stream another writer has opened
-    since, nothing (0)."""
+               holder: StreamHolder | None = None, force: bool = False) -> int:
+    """Remove the segments ``doomed`` says (never the last one) and their ledgers,
+    as far as the stream's subscriptions let them go (unless ``force``:
+    :func:`asyncbk.stream.subscription.let_go`); returns how many.  With a
+    ``holder`` whose stream another writer has opened since, nothing (0)."""
     while True:
         sm = holder.stream_meta if holder is not None else await ctx.md.stream(ctx.namespace,
                                                                                stream)
         segs = await ctx.md.segments(ctx.namespace, stream)
         gone = [s for s in segs[:-1] if doomed(s)]  # never the last segment
+        if gone and not force:
+            # (A subscription created or sought after this read rewrites the stream
+            # record: the commit below then fails and this reads again.)
+            gone = await let_go(ctx, stream, segs, gone)
         if not gone:
             return 0
         try:

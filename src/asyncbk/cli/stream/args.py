@@ -78,6 +78,14 @@ SETTINGS: list[tuple[str, str, Callable[[str], Any], str, str]] = [
      "fail to start a segment whose write sets cannot span the minimum racks/regions, "
      "rather than place it with less spread and a warning (--no-enforce-placement: "
      "place it anyway)"),
+    ("--backlog-quota-bytes", "backlog_quota_bytes", _size, "BYTES",
+     "a subscription holds back retention and truncation until its backlog exceeds this "
+     "(suffixes K, M, G; 0: no limit)"),
+    ("--backlog-quota-s", "backlog_quota_s", _seconds, "SECONDS",
+     "... or until the oldest segment it holds is older than this (0: no limit)"),
+    ("--subscription-ack-interval-s", "subscription_ack_interval_s", _seconds, "SECONDS",
+     "how often a consumer persists its acknowledgements (one metadata write per "
+     "subscription per interval at most)"),
 ]
 """The stream settings ``create-namespace`` takes (its streams' defaults) and
 ``create`` may override."""
