@@ -7,7 +7,14 @@ own registry::
 
 Families (labels ``client``, ``namespace``): ``asyncbk_stream_records_written``,
 ``..._bytes_written`` (acknowledged), ``..._records_read``, ``..._bytes_read``,
-``..._segment_rolls``, ``..._writer_takeovers``.
+``..._segment_rolls``, ``..._writer_takeovers``, ``..._backlog_evictions``.
+
+Per subscription (labels ``client``, ``namespace``, ``stream``, ``subscription``),
+as last measured by this process (its retention passes, which writers run when
+they open and roll, ``ns.subscriptions()``, ``asyncbk stream retention``):
+gauges ``asyncbk_subscription_lag_records``, ``..._lag_bytes``,
+``..._lag_seconds``, and the counter ``asyncbk_subscription_evicted_segments``
+(segments a backlog quota dropped before it acknowledged them).
 """
 
 from __future__ import annotations
@@ -28,6 +35,13 @@ _DOCS = {
     "bytes_read": "bytes of records delivered by this client's stream readers",
     "segment_rolls": "segments completed by a roll (size, age or record count)",
     "writer_takeovers": "writers opened on a stream whose last segment was still open",
+    "backlog_evictions": "segments dropped by a backlog quota before every subscription "
+                         "acknowledged them",
+}
+_LAGS = {
+    "lag_records": "durable records after a subscription's position (not acknowledged)",
+    "lag_bytes": "bytes of those records (estimated inside partial segments)",
+    "lag_seconds": "age of the first record a subscription has not acknowledged",
 }
 
 
@@ -42,15 +56,30 @@ class StreamCollector:
         return []
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        counts = dict(self.bk.stream_stats.namespaces)
+        stats = self.bk.stream_stats
+        counts = dict(stats.namespaces)
         for f in dataclasses.fields(NamespaceCounts):
             family = CounterMetricFamily(f"{PREFIX}_{f.name}", _DOCS[f.name],
                                          labels=["client", "namespace"])
             for ns, c in sorted(counts.items()):
                 family.add_metric([self.name, ns], getattr(c, f.name))
             yield family
+        labels = ["client", "namespace", "stream", "subscription"]
+        lags = sorted(stats.subscription_lags.items())
+        for name, text in _LAGS.items():
+            gauge = GaugeMetricFamily(f"asyncbk_subscription_{name}", text, labels=labels)
+            attr = "lag_s" if name == "lag_seconds" else name
+            for (ns, stream, sub), info in lags:
+                gauge.add_metric([self.name, ns, stream, sub], float(getattr(info, attr)))
+            yield gauge
+        evicted = CounterMetricFamily("asyncbk_subscription_evicted_segments",
+                                      "segments a backlog quota dropped before this "
+                                      "subscription acknowledged them", labels=labels)
+        for (ns, stream, sub), n in sorted(stats.evictions.items()):
+            evicted.add_metric([self.name, ns, stream, sub], n)
+        yield evicted
 
 
 __all__ = ["StreamCollector"]

@@ -19,7 +19,7 @@ from .context import StreamContext
 from .meta import Segment, StreamMeta
 from .position import Position
 from .segment_ledger import delete_ledger
-from .subscription import let_go
+from .subscription import infos, let_go, report_release
 
 
 class StreamHolder(Protocol):
@@ -53,12 +53,17 @@ async def drop_segments(ctx: StreamContext, stream: str, doomed: Callable[[Segme
         sm = holder.stream_meta if holder is not None else await ctx.md.stream(ctx.namespace,
                                                                                stream)
         segs = await ctx.md.segments(ctx.namespace, stream)
-        gone = [s for s in segs[:-1] if doomed(s)]  # never the last segment
-        if gone and not force:
+        asked = [s for s in segs[:-1] if doomed(s)]  # never the last segment
+        released = None
+        gone = asked
+        if asked and not force:
             # (A subscription created or sought after this read rewrites the stream
             # record: the commit below then fails and this reads again.)
-            gone = await let_go(ctx, stream, segs, gone)
+            released = await let_go(ctx, stream, segs, asked)
+            gone = released.segments
         if not gone:
+            if released is not None:
+                report_release(ctx, stream, released, asked)
             return 0
         try:
             new_sm, _ = await ctx.md.commit(sm, drop=gone)
@@ -69,6 +74,8 @@ async def drop_segments(ctx: StreamContext, stream: str, doomed: Callable[[Segme
             continue
         if holder is not None:
             holder.take_stream_meta(new_sm)
+        if released is not None:
+            report_release(ctx, stream, released, asked)
         for s in gone:
             await delete_ledger(ctx, s.ledger_id)
         ctx.log().info(f"segments {why}", stream=stream, segments=[s.seq for s in gone])
@@ -86,8 +93,11 @@ async def apply_retention(ctx: StreamContext, stream: str, holder: StreamHolder 
         return 0
     horizon_ms = (ctx.clock.wall_s() - retention_s) * 1000
     try:
-        return await drop_segments(ctx, stream, lambda s: s.completed and s.completion_ms < horizon_ms,
-                          "expired", holder)
+        dropped = await drop_segments(
+            ctx, stream, lambda s: s.completed and s.completion_ms < horizon_ms, "expired",
+            holder)
+        await infos(ctx, stream)  # the subscriptions' lag, for this process's metrics
+        return dropped
     except BKError as exc:
         if not quiet:
             raise

@@ -48,7 +48,7 @@ from ..errors import (
 )
 from ..meta import keys
 from .context import StreamContext
-from .cursor import CursorState, release
+from .cursor import CursorState, Release, release
 from .meta import Segment, StreamMeta
 from .position import Position
 from .reader import StreamReader, StreamRecord, resolve_start
@@ -333,6 +333,17 @@ async def _cluster_identity(ctx: StreamContext) -> Any:
     return kv.value if kv is not None else id(ctx.md.meta)
 
 
+async def _live_key(ctx: StreamContext, stream: str, name: str) -> tuple[Any, ...]:
+    return (await _cluster_identity(ctx), ctx.md.root, ctx.namespace, stream, name)
+
+
+async def _fence_local(ctx: StreamContext, stream: str, name: str, why: str) -> None:
+    """Fence this process's consumer of the subscription, if there is one."""
+    ref = _LIVE.get(await _live_key(ctx, stream, name))
+    if ref is not None and (sub := ref()) is not None:
+        sub.fence(why)
+
+
 async def subscribe(ctx: StreamContext, stream: str, name: str, start: Position | None,
                     timestamp_ms: int | None, readahead_entries: int = 32) -> Subscription:
     """Take over (or create, from ``start`` / ``timestamp_ms``) the subscription
@@ -360,7 +371,7 @@ async def subscribe(ctx: StreamContext, stream: str, name: str, start: Position 
             except MetadataVersionError:
                 continue
         rec = dataclasses.replace(rec, version=version)
-        live_key = (await _cluster_identity(ctx), ctx.md.root, ctx.namespace, stream, name)
+        live_key = await _live_key(ctx, stream, name)
         old = _LIVE.get(live_key)
         if old is not None and (previous := old()) is not None:
             previous.fence(f"subscription {name!r} of {ctx.namespace}/{stream} was taken "
@@ -392,6 +403,8 @@ async def seek(ctx: StreamContext, stream: str, name: str, position: Position | 
             continue
         ctx.log(stream=stream).info("subscription sought", subscription=name,
                                     position=str(pos))
+        await _fence_local(ctx, stream, name, f"subscription {name!r} of {ctx.namespace}/"
+                           f"{stream} was sought to {pos}: subscribe again")
         return pos
     raise MetadataVersionError(f"subscription {name!r} of {ctx.namespace}/{stream}: 20 "
                                "attempts to seek each lost a race; try again")
@@ -411,6 +424,8 @@ async def delete(ctx: StreamContext, stream: str, name: str) -> None:
         try:
             await ctx.md.meta.kv_txn([(key, now.version)], delete=[key])
             ctx.log(stream=stream).info("subscription deleted", subscription=name)
+            await _fence_local(ctx, stream, name, f"subscription {name!r} of "
+                               f"{ctx.namespace}/{stream} was deleted")
             return
         except MetadataVersionError:
             continue
@@ -524,31 +539,31 @@ async def infos(ctx: StreamContext, stream: str) -> list[SubscriptionInfo]:
 
 
 async def let_go(ctx: StreamContext, stream: str, segs: list[Segment],
-                 doomed: list[Segment]) -> list[Segment]:
+                 doomed: list[Segment]) -> Release:
     """Of ``doomed``, what the stream's subscriptions let retention or truncation drop
-    (:func:`asyncbk.stream.cursor.release`); logs and counts the subscriptions
-    whose backlog quota drops records they have not acknowledged."""
-    if not doomed:
-        return doomed
-    cursors = await read_cursors(ctx, stream)
+    (:func:`asyncbk.stream.cursor.release`)."""
+    cursors = await read_cursors(ctx, stream) if doomed else []
     if not cursors:
-        return doomed
+        return Release(list(doomed), {}, [])
     sm = await ctx.md.stream(ctx.namespace, stream)
     config = ctx.stream_config(sm)
-    got = release(doomed, segs, {c.name: c.position for c in cursors},
-                  config.backlog_quota_bytes, config.backlog_quota_s, ctx.now_ms())
+    return release(doomed, segs, {c.name: c.position for c in cursors},
+                   config.backlog_quota_bytes, config.backlog_quota_s, ctx.now_ms())
+
+
+def report_release(ctx: StreamContext, stream: str, got: Release, doomed: list[Segment]) -> None:
+    """Log and count what a release committed: the subscriptions whose backlog quota
+    dropped records they had not acknowledged, and those that held segments back."""
     log = ctx.log(stream=stream)
     for name, seqs in got.evicted.items():
-        log.warning("backlog quota exceeded: dropping segments a subscription has not "
-                    "acknowledged; its consumer's next read raises TruncatedError",
-                    subscription=name, segments=seqs,
-                    backlog_quota_bytes=config.backlog_quota_bytes,
-                    backlog_quota_s=config.backlog_quota_s)
+        log.warning("backlog quota exceeded: dropped segments a subscription had not "
+                    "acknowledged; its consumer's next read raises TruncatedError (seek "
+                    "it, e.g. to earliest, to go on)", subscription=name, segments=seqs)
         ctx.stats.evicted(ctx.namespace, stream, name, len(seqs))
     if got.held_by:
-        log.info("retention held back by subscriptions", subscriptions=got.held_by,
-                 kept_from_segment=doomed[len(got.segments)].seq)
-    return got.segments
+        log.info("segments held back by subscriptions that have not acknowledged them",
+                 subscriptions=got.held_by, kept_from_segment=doomed[len(got.segments)].seq)
+
 
 
 __all__ = ["Subscription", "SubscriptionInfo", "check_subscription_name"]

@@ -12,14 +12,19 @@ locates bookies):
 * ``write NS STREAM``: one record per line of stdin (without its newline), pipelined,
   then a summary;
 * ``tail NS STREAM``: records as ``position txid data`` lines or JSON lines, from a
-  position or a txid, following the stream until Ctrl-C (or ``--no-follow``: up to
-  the end it had when the command started; ``--count N``: N records).
+  position, a txid or a time (``--from-time``), following the stream until Ctrl-C
+  (or ``--no-follow``: up to the end it had when the command started; ``--count
+  N``: N records);
+* ``subscriptions NS STREAM [--json]`` (positions and lag), ``subscribe NS STREAM
+  NAME`` (print and acknowledge), ``seek-subscription NS STREAM NAME --position P |
+  --time T``, ``delete-subscription NS STREAM NAME [--force]``.
 
 Deleting asks on a terminal and needs ``--force`` otherwise.  Errors are one line
 saying what to do.
 
 The parsers are in ``args``; the admin commands (namespaces, streams) in ``admin``;
-``write`` and ``tail`` in ``data``; a stream's segments as rows in ``segments``;
+``write`` and ``tail`` in ``data``; the subscription commands in ``subs``; a stream's
+segments as rows in ``segments``;
 errors, confirmation and stdout handling in ``common``.  This module registers the
 command (``add_parser``), checks the arguments, connects to the cluster and runs the
 command (``run``).
@@ -45,7 +50,7 @@ from ..common import (
     require_cluster,
     run_async,
 )
-from . import admin, data
+from . import admin, data, subs
 from .args import RACK_OPTIONS, add_commands
 from .common import explain, stdout_gone
 
@@ -63,7 +68,7 @@ def rack_options(args: argparse.Namespace) -> dict[str, Any]:
 def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     """``asyncbk stream`` and its commands (see :func:`.args.add_commands`)."""
     p = sub.add_parser("stream", help="namespaces and streams: create, list, info, write, "
-                       "tail, truncate, delete",
+                       "tail, subscribe, truncate, delete",
                        description="Namespaces and streams (see docs/streams.md): create, "
                        "list and delete them, write stdin lines as records, tail records as "
                        "text or JSON, show segments, truncate.")
@@ -85,7 +90,8 @@ async def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
         if cmd in admin.ON_CLUSTER:
             return await admin.ON_CLUSTER[cmd](bk, args)
         ns = await bk.namespace(args.namespace)
-        command = admin.ON_NAMESPACE.get(cmd) or data.ON_NAMESPACE.get(cmd)
+        command = admin.ON_NAMESPACE.get(cmd) or data.ON_NAMESPACE.get(cmd) \
+            or subs.ON_NAMESPACE.get(cmd)
         return 0 if command is None else await command(ns, args)
 
 

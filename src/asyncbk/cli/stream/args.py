@@ -5,6 +5,7 @@ the stream settings (``--ensemble-size`` ... ``--retention-s``) that
 from __future__ import annotations
 
 import argparse
+import datetime
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,35 @@ _seconds = non_negative_float
 def _position(text: str) -> Position:
     try:
         return Position.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _time_ms(text: str) -> int:
+    """A time: milliseconds since the epoch, or ISO 8601 (``2026-11-27T09:00:00Z``,
+    ``2026-11-27 09:00+01:00``; without an offset: UTC)."""
+    t = text.strip()
+    if t.isdigit():
+        return int(t)
+    try:
+        when = datetime.datetime.fromisoformat(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a time as milliseconds since the epoch or ISO 8601 "
+            f"(e.g. 2026-11-27T09:00:00Z), got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    ms = int(when.timestamp() * 1000)
+    if ms < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is before 1970")
+    return ms
+
+
+def _subscription_name(text: str) -> str:
+    from ...stream.subscription import check_subscription_name
+
+    try:
+        return check_subscription_name(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -230,11 +260,67 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
     start.add_argument("--txid", type=_non_negative, default=None, metavar="TXID",
                        help="start at the first record whose txid is >= TXID (default: "
                        "use --from)")
+    start.add_argument("--from-time", dest="from_time", type=_time_ms, default=None,
+                       metavar="TIME",
+                       help="start at the first record whose timestamp is at or after TIME: "
+                       "ms since the epoch or ISO 8601 (2026-11-27T09:00:00Z; no offset: "
+                       "UTC)")
     p.add_argument("--json", action="store_true",
-                   help='JSON lines: {"position", "txid", "data"} ("data" null and '
-                   '"data_hex" when the data is not UTF-8)')
+                   help='JSON lines: {"position", "txid", "timestamp_ms", "data"} and, '
+                   'when the record has them, "key" and "headers" ("data" null and '
+                   '"data_hex" when the data is not UTF-8; keys and header values as '
+                   'text or "hex:..." likewise)')
     p.add_argument("--count", type=_positive, default=None, metavar="N",
                    help="stop after N records (default: no limit)")
     p.add_argument("--no-follow", action="store_true",
                    help="stop at the end the stream had when the command started")
+
+    p = command("subscriptions", "a stream's subscriptions and how far behind they are",
+                "List the subscriptions (durable cursors) of a stream: where each resumes "
+                "(the first record not acknowledged), its lag in records, bytes and "
+                "seconds (age of that record), its consumer epoch, and whether retention "
+                "dropped records it had not acknowledged (backlog quota).")
+    names(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p = command("subscribe", "consume a subscription: print its records and acknowledge "
+                "them",
+                "Consume the subscription NAME of STREAM (created at --start if it does "
+                "not exist, else taken over from its consumer): print each record as tail "
+                "does and acknowledge it; acknowledgements are persisted every "
+                "subscription_ack_interval_s and when the command stops. Runs until "
+                "Ctrl-C, --count records, or (with --no-follow) the end the stream had "
+                "when it started.")
+    names(p)
+    p.add_argument("name", metavar="NAME", type=_subscription_name, help="subscription name")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--start", type=_position, default=Position.EARLIEST,
+                       metavar="POSITION",
+                       help="where a new subscription starts: SEGMENT:ENTRY:SLOT, 'earliest' "
+                       "or 'latest' (ignored when it exists)")
+    start.add_argument("--start-time", dest="start_time", type=_time_ms, default=None,
+                       metavar="TIME", help="a new subscription starts at the first record "
+                       "at or after TIME (ms or ISO 8601)")
+    p.add_argument("--json", action="store_true", help="JSON lines, as tail --json")
+    p.add_argument("--count", type=_positive, default=None, metavar="N",
+                   help="stop after N records (default: no limit)")
+    p.add_argument("--no-follow", action="store_true",
+                   help="stop at the end the stream had when the command started")
+    p = command("seek-subscription", "move a subscription to a position or a time",
+                "Move the subscription NAME to POSITION or to the first record at or after "
+                "TIME, backwards or forwards. Its consumer, if any, is fenced (its next "
+                "acknowledgement fails) and must subscribe again.")
+    names(p)
+    p.add_argument("name", metavar="NAME", type=_subscription_name, help="subscription name")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--position", type=_position, metavar="POSITION",
+                       help="SEGMENT:ENTRY:SLOT, 'earliest' or 'latest'")
+    where.add_argument("--time", dest="time_ms", type=_time_ms, metavar="TIME",
+                       help="ms since the epoch or ISO 8601")
+    p = command("delete-subscription", "delete a subscription",
+                "Delete the subscription NAME: retention no longer waits for it, and its "
+                "consumer, if any, is fenced. Asks first unless --force.")
+    names(p)
+    p.add_argument("name", metavar="NAME", type=_subscription_name, help="subscription name")
+    p.add_argument("--force", action="store_true",
+                   help="delete without asking (required when stdin is not a terminal)")
 

@@ -23,6 +23,7 @@ from ...errors import (
     TooManyRequestsError,
 )
 from ...stream.position import Position
+from ...stream.reader import StreamRecord
 from ..common import EXIT_INTERRUPTED, CliError, on_stop_signals
 from .common import records_text, stdout_gone
 from .segments import last_position, segment_rows
@@ -208,19 +209,32 @@ def _text(data: bytes) -> str | None:
         return None
 
 
-def _format_text(pos: Position, txid: int, data: bytes) -> bytes:
+def format_text(r: StreamRecord) -> bytes:
+    """``POSITION TXID DATA`` (DATA as text when it is safe UTF-8, else ``hex:...``)."""
+    data = r.data
     if _UNSAFE_TEXT.search(data) is None and _text(data) is not None:
         shown = data
     else:
         shown = b"hex:" + data.hex().encode()
-    return b"%s %d %s\n" % (str(pos).encode(), txid, shown)
+    return b"%s %d %s\n" % (str(r.position).encode(), r.txid, shown)
 
 
-def _format_json(pos: Position, txid: int, data: bytes) -> bytes:
-    text = _text(data)
-    rec: dict[str, Any] = {"position": str(pos), "txid": txid, "data": text}
+def _shown(value: bytes) -> str:
+    text = _text(value)
+    return text if text is not None else "hex:" + value.hex()
+
+
+def format_json(r: StreamRecord) -> bytes:
+    """One JSON line: position, txid, timestamp_ms, data (and key, headers if any)."""
+    text = _text(r.data)
+    rec: dict[str, Any] = {"position": str(r.position), "txid": r.txid,
+                           "timestamp_ms": r.timestamp_ms, "data": text}
     if text is None:
-        rec["data_hex"] = data.hex()
+        rec["data_hex"] = r.data.hex()
+    if r.key is not None:
+        rec["key"] = _shown(r.key)
+    if r.headers:
+        rec["headers"] = {k: _shown(v) for k, v in r.headers.items()}
     return json.dumps(rec, ensure_ascii=False).encode() + b"\n"
 
 
@@ -232,9 +246,11 @@ async def _tail(ns: Any, args: argparse.Namespace) -> int:
         end = last_position(rows)
         if end is None:
             return 0
-    reader = await ns.open_reader(name, None if args.txid is not None else args.start,
-                                  txid=args.txid)
-    fmt = _format_json if args.json else _format_text
+    by_time = getattr(args, "from_time", None)
+    reader = await ns.open_reader(
+        name, None if args.txid is not None or by_time is not None else args.start,
+        txid=args.txid, timestamp_ms=by_time)
+    fmt = format_json if args.json else format_text
     out = sys.stdout.buffer
     printed = 0
     try:
@@ -262,7 +278,7 @@ async def _tail(ns: Any, args: argparse.Namespace) -> int:
                 if end is not None and rec.position > end:
                     done = True
                     break
-                parts.append(fmt(rec.position, rec.txid, rec.data))
+                parts.append(fmt(rec))
                 printed += 1
                 if (end is not None and rec.position == end) or printed == args.count:
                     done = True
