@@ -103,7 +103,8 @@ def stream_client(c: SimCluster, name: str, cfg: ClientConfig | None = None,
     seeded from the cluster's)."""
     store = TxnGateStore(c.history, state=c.state)
     bk = BookKeeper(store, cfg or config(), connector=c.net.connector(name),
-                    rng=rng if rng is not None else random.Random(c.rng.getrandbits(64)))
+                    rng=rng if rng is not None else random.Random(c.rng.getrandbits(64)),
+                    clock=c.clock)
     bk.bookies.start()
     c.clients.append(bk)
     return bk

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..client.client import BookKeeper as LedgerClient
-from ..clock import LOOP_CLOCK
+from ..clock import LOOP_CLOCK, Clock
 from ..errors import NamespaceExistsError
 from .meta import StreamConfig, StreamMetadata, check_namespace_name, config_from
 from .namespace import Namespace
@@ -18,12 +18,16 @@ class BookKeeper(LedgerClient):
     """A connected client: ledgers (see :class:`asyncbk.client.client.BookKeeper`) and
     streams grouped in namespaces.  ``await asyncbk.BookKeeper.connect(uri)``."""
 
-    def __init__(self, *args: Any, rng: random.Random | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, rng: random.Random | None = None,
+                 clock: Clock = LOOP_CLOCK, **kwargs: Any) -> None:
         super().__init__(*args, rng=rng, **kwargs)
         self.stream_stats = StreamStats()
         self.stream_rng = rng if rng is not None else random.Random()
         """The random generator its streams draw from (back-off jitter): ``rng`` (a
         seeded one in the simulator), else a fresh one."""
+        self.stream_clock = clock
+        """The clock of its streams: record times, segment times, retention, ack
+        intervals (the simulator's virtual one there)."""
 
     async def namespace(self, name: str, create: bool = False, **defaults: Any) -> Namespace:
         """The namespace ``name``; with ``create=True`` it is created (with ``defaults``:
@@ -34,13 +38,13 @@ class BookKeeper(LedgerClient):
         if create:
             config = config_from(defaults, source=f"namespace {name!r}")
             try:
-                await md.create_namespace(name, config, int(LOOP_CLOCK.wall_s() * 1000))
+                await md.create_namespace(name, config, int(self.stream_clock.wall_s() * 1000))
             except NamespaceExistsError:
                 pass
         elif defaults:
             raise TypeError("namespace defaults are only taken with create=True")
         return Namespace(self, name, await md.namespace_config(name), self.stream_stats,
-                         rng=self.stream_rng)
+                         self.stream_clock, rng=self.stream_rng)
 
     async def list_namespaces(self) -> AsyncIterator[str]:
         for name in await StreamMetadata(self.meta).list_namespaces():

@@ -266,6 +266,20 @@ class Subscription:
             if ref is not None and ref() is self:
                 del _LIVE[self._live_key]
 
+    async def abort(self) -> None:
+        """Stop without persisting anything more (what a crash does): a new consumer
+        resumes from the last position persisted."""
+        if self._closed:
+            return
+        self._closed = True
+        self._state.fence("aborted")
+        self._task.cancel()
+        await asyncio.wait([self._task])
+        await self._reader.close()
+        ref = _LIVE.get(self._live_key)
+        if ref is not None and ref() is self:
+            del _LIVE[self._live_key]
+
     async def __aenter__(self) -> Subscription:
         return self
 
