@@ -74,6 +74,19 @@ def bench_placement(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_subscriptions(session: nox.Session) -> None:
+    """Subscriptions and keyed records against same-run baselines, on a local cluster:
+    consuming with a per-record ack against a plain reader, keyed writes against plain
+    ones, time seeks against seeks to a position, and the etcd write load of 1,000
+    subscriptions acking every second (about 7 minutes).  ``nox -s bench_subscriptions
+    -- --quick``: fewer records and 200 subscriptions (under 3 minutes); ``-- --profile``:
+    where a subscription's consume round spends its time (py-spy)."""
+    session.install("-e", ".[bench]")
+    session.run("python", "benchmarks/subscriptions.py", "--json",
+                "bench-results/subscriptions.json", *session.posargs)
+
+
+@nox.session
 def soak(session: nox.Session) -> None:
     """Bookie memory under a 10-minute open-loop write load."""
     session.install("-e", ".[bench]")

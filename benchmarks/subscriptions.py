@@ -381,21 +381,24 @@ async def profile_round(out: Path, work: Callable[[], Awaitable[Any]]) -> str:
            "-o", str(out)]
     log(f"profile: {' '.join(cmd)}")
     proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.DEVNULL,
-                                                stderr=asyncio.subprocess.PIPE)
-    assert proc.stderr is not None
+                                                stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    assert proc.stdout is not None
     try:
-        async with asyncio.timeout(15):
-            while b"Sampling" not in (line := await proc.stderr.readline()):
-                if not line:
-                    raise RuntimeError("py-spy ended before sampling (ptrace rights?)")
+        try:
+            async with asyncio.timeout(15):  # py-spy says so once it is attached
+                while b"Sampling" not in (line := await proc.stdout.readline()):
+                    if not line:
+                        raise RuntimeError("py-spy ended before sampling (ptrace rights?)")
+        except TimeoutError:
+            raise RuntimeError("py-spy did not start sampling within 15 s") from None
         t0 = time.perf_counter()
         await work()
         log(f"profile: the profiled round took {time.perf_counter() - t0:.1f} s")
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGINT)
-        err = await proc.stderr.read()
+        err = await proc.stdout.read()
         await proc.wait()
     return summarize_profile(out, err)
 

@@ -123,8 +123,9 @@ def test_no_private_name_of_another_module(package: str) -> None:
     assert private_uses(PKG / package) == []
 
 
-STREAM_ORDER = ["__init__", "metrics", "client", "namespace", "writer", "reader", "adopt",
-                "retention", "segment_ledger", "context", "meta", "codec", "position", "stats"]
+STREAM_ORDER = ["__init__", "metrics", "client", "namespace", "writer", "adopt", "retention",
+                "subscription", "reader", "cursor", "segment_ledger", "context", "meta", "codec",
+                "position", "stats"]
 """The modules of ``asyncbk.stream``, each importing only modules after it (the
 order docs/streams.md gives)."""
 

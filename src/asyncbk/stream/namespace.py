@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..clock import LOOP_CLOCK, Clock
 from ..errors import EndOfStreamError, MetadataVersionError, NoSuchStreamError
-from . import subscription
 from .adopt import sweep
 from .context import StreamContext
 from .meta import StreamConfig, StreamMeta, StreamMetadata, check_stream_name, config_from
@@ -18,7 +17,8 @@ from .reader import StreamReader, StreamRecord, resolve_start
 from .retention import apply_retention, drop_segments, segments_before
 from .segment_ledger import delete_ledger, fence_ledger
 from .stats import StreamStats
-from .subscription import Subscription, SubscriptionInfo
+from .subscription import Subscription, SubscriptionInfo, infos, seek, subscribe
+from .subscription import delete as delete_subscription
 from .writer import StreamWriter, WriterOptions, open_writer
 
 if TYPE_CHECKING:
@@ -39,6 +39,10 @@ class SegmentInfo:
     size_bytes: int
     ctime_ms: int
     completion_ms: int
+    first_timestamp_ms: int | None = None
+    """Its first record's timestamp (None: open, or no record)."""
+    last_timestamp_ms: int | None = None
+    """Its last record's timestamp (None: open, or no record)."""
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,7 @@ class Namespace:
         record at or after ``timestamp_ms``) if it does not exist; else taken over
         (the previous consumer is fenced) and resumed after its last persisted ack."""
         check_stream_name(stream)
-        return await subscription.subscribe(self.context, stream, name,
+        return await subscribe(self.context, stream, name,
                                             start if start is not None or timestamp_ms
                                             is not None else Position.EARLIEST,
                                             timestamp_ms, readahead_entries)
@@ -195,7 +199,7 @@ class Namespace:
     async def subscriptions(self, stream: str) -> list[SubscriptionInfo]:
         """The subscriptions of ``stream`` with their position and lag."""
         check_stream_name(stream)
-        return await subscription.infos(self.context, stream)
+        return await infos(self.context, stream)
 
     async def seek_subscription(self, stream: str, name: str, position: Position | None = None,
                                 *, timestamp_ms: int | None = None) -> Position:
@@ -203,12 +207,12 @@ class Namespace:
         ``Position.LATEST``) or to the first record at or after ``timestamp_ms``, back
         or forth; its consumer is fenced and subscribes again.  Returns the position."""
         check_stream_name(stream)
-        return await subscription.seek(self.context, stream, name, position, timestamp_ms)
+        return await seek(self.context, stream, name, position, timestamp_ms)
 
     async def delete_subscription(self, stream: str, name: str) -> None:
         """Remove a subscription: retention no longer waits for it."""
         check_stream_name(stream)
-        await subscription.delete(self.context, stream, name)
+        await delete_subscription(self.context, stream, name)
 
     async def apply_retention(self, target: StreamWriter | str, quiet: bool = False) -> int:
         """Drop completed segments completed longer ago than the stream's
@@ -224,7 +228,9 @@ class Namespace:
         segs = await self.md.segments(self.name, name)
         infos = [SegmentInfo(s.seq, s.ledger_id, s.state, s.first_position, s.last_position,
                              s.first_txid, s.last_txid, s.records, s.start_sequence, s.size_bytes,
-                             s.ctime_ms, s.completion_ms) for s in segs]
+                             s.ctime_ms, s.completion_ms,
+                             s.first_ts if s.completed and s.records else None,
+                             s.last_ts if s.completed and s.records else None) for s in segs]
         last = next((s.last_position for s in reversed(segs) if s.last_position is not None),
                     None)
         return StreamInfo(self.name, name, await self.stream_config(sm), sm.ended, infos,

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import time
@@ -13,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...stream.meta import StreamConfig, StreamMetadata, config_from
+from ..common import CliError, on_stop_signals
 from .args import SETTINGS
 from .common import confirm, records_text
 from .segments import last_position, segment_rows
@@ -114,16 +116,48 @@ async def _delete(ns: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _retention(ns: Any, args: argparse.Namespace) -> int:
+async def _retention_pass(ns: Any, args: argparse.Namespace) -> None:
     names = [args.stream] if args.stream else [n async for n in ns.list_streams()]
     for name in names:
         dropped = await ns.apply_retention(name)
-        print(f"{ns.name}/{name}: dropped {dropped} segment(s)")
-    return 0
+        if args.every:
+            await ns.subscriptions(name)  # the lag gauges, also when retention is off
+        print(f"{ns.name}/{name}: dropped {dropped} segment(s)", flush=True)
+
+
+async def _retention(ns: Any, args: argparse.Namespace) -> int:
+    if not args.every:
+        if args.metrics_port is not None:
+            raise CliError("--metrics-port needs --every (a retention service)")
+        await _retention_pass(ns, args)
+        return 0
+    task = asyncio.current_task()
+    assert task is not None
+    on_stop_signals(task.cancel)
+    http = None
+    try:
+        if args.metrics_port is not None:
+            from ...net.http import AdminHttp
+            from ...stream.metrics import StreamCollector
+
+            http = AdminHttp(args.metrics_host, args.metrics_port, [],
+                             [StreamCollector(ns.bk, name="retention")])
+            port = await http.start()
+            print(f"serving /metrics on {args.metrics_host}:{port}", flush=True)
+        while True:
+            await _retention_pass(ns, args)
+            await asyncio.sleep(args.every)
+    except asyncio.CancelledError:
+        if task.uncancel() == 0:
+            return 0
+        raise
+    finally:
+        if http is not None:
+            await http.close()
 
 
 async def _truncate(ns: Any, args: argparse.Namespace) -> int:
-    dropped = await ns.truncate(args.stream, args.before)
+    dropped = await ns.truncate(args.stream, args.before, force=args.force)
     info = await ns.stream_info(args.stream)
     start = info.first_position
     print(f"dropped {dropped} segment(s) of {ns.name}/{args.stream}"

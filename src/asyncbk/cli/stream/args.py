@@ -217,18 +217,34 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
                    help="delete without asking (required when stdin is not a terminal)")
     p = command("truncate", "drop the segments wholly before a position",
                 "Drop the completed segments whose records all lie before POSITION, and "
-                "their ledgers. The open segment and the last one are never dropped.")
+                "their ledgers, as far as the stream's subscriptions have acknowledged them "
+                "(or their backlog quota lets them go). The open segment and the last one "
+                "are never dropped.")
     names(p)
     p.add_argument("--before", type=_position, required=True, metavar="POSITION",
                    help="required: SEGMENT:ENTRY:SLOT, as tail and info print it")
+    p.add_argument("--force", action="store_true",
+                   help="also drop segments a subscription has not acknowledged (its "
+                   "consumer's next read then fails with a truncation error)")
 
     p = command("retention", "drop segments older than their stream's retention_s",
                 "Apply retention now: drop the completed segments (and their ledgers) "
                 "completed longer ago than the stream's retention_s, in STREAM or in every "
                 "stream of the namespace. Writers do this when they open and roll; run "
-                "this (e.g. from cron) for streams that no writer writes any more.")
+                "this (e.g. from cron, or as a service with --every) for streams that no "
+                "writer writes any more. Segments a subscription has not acknowledged "
+                "stay until its backlog quota is exceeded.")
     p.add_argument("namespace", help="the namespace")
     p.add_argument("stream", nargs="?", help="one stream (default: every stream of it)")
+    p.add_argument("--every", type=_seconds, default=0.0, metavar="SECONDS",
+                   help="run again every SECONDS until Ctrl-C, measuring each subscription's "
+                   "lag too (default: 0, once)")
+    p.add_argument("--metrics-port", type=_non_negative, default=None, metavar="PORT",
+                   help="with --every: serve GET /metrics (Prometheus) on this port: the "
+                   "subscriptions' lag gauges and eviction counters, see docs/admin.md "
+                   "(default: none)")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="the address --metrics-port listens on")
     p = command("write", "write stdin to a stream, one record per line",
                 "Write each line of stdin as one record (without its newline; an empty "
                 "line is an empty record), pipelined: many records are in flight and "
