@@ -24,7 +24,8 @@ pytestmark = pytest.mark.integration
 
 COMMANDS = ["namespaces", "create-namespace", "delete-namespace", "namespace-info", "list",
             "create", "info",
-            "retention", "delete", "truncate", "write", "tail"]
+            "retention", "delete", "truncate", "write", "tail", "subscriptions", "subscribe",
+            "seek-subscription", "delete-subscription"]
 
 
 def cli(*args: str, stdin: bytes | None = None, timeout: float = 60,
@@ -103,6 +104,13 @@ def test_help_everywhere_with_defaults(command: list[str]) -> None:
     (["create-namespace", "ns", "--rolling-bytes", "lots"], 2, "expected bytes"),
     (["create-namespace", "ns", "--retention-s", "-1"], 2, "must be >= 0"),
     (["namespaces"], 2, "--metadata-uri"),
+    (["tail", "ns", "s", "--from-time", "yesterday"], 2, "expected a time"),
+    (["tail", "ns", "s", "--from-time", "1", "--txid", "4"], 2, "not allowed with"),
+    (["subscribe", "ns", "s", "bad\nname"], 2, "control characters"),
+    (["subscribe", "ns", "s", " "], 2, "cannot be empty"),
+    (["seek-subscription", "ns", "s", "a"], 2, "one of the arguments --position --time"),
+    (["seek-subscription", "ns", "s", "a", "--time", "2026-13-01"], 2, "expected a time"),
+    (["retention", "ns", "--metrics-port", "9"], 1, "--metrics-port needs --every"),
 ])
 def test_bad_input_is_one_line(args: list[str], code: int, expect: str) -> None:
     uri = [] if args == ["namespaces"] else ["--metadata-uri", "etcd://127.0.0.1:1/x"]
@@ -119,7 +127,10 @@ COMMAND_ARGS = {"namespaces": [], "create-namespace": ["ns"], "delete-namespace"
                            "--min-racks-per-write-quorum", "2", "--enforce-placement"],
                 "info": ["ns", "s"], "retention": ["ns"], "delete": ["ns", "s"],
                 "truncate": ["ns", "s", "--before", "1:0:0"], "write": ["ns", "s"],
-                "tail": ["ns", "s"]}
+                "tail": ["ns", "s"], "subscriptions": ["ns", "s"],
+                "subscribe": ["ns", "s", "sub"],
+                "seek-subscription": ["ns", "s", "sub", "--position", "earliest"],
+                "delete-subscription": ["ns", "s", "sub", "--force"]}
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -553,3 +564,90 @@ async def test_retention_command_drops_expired_segments_of_idle_streams(
                                      "old/b: dropped 2 segment(s)"]
     tail = await st("tail", "old", "a", "--no-follow")
     assert [line.split()[-1] for line in tail.stdout.splitlines()] == ["r2"]
+
+
+async def test_subscriptions_and_time_from_the_command_line(cluster: LocalCluster) -> None:
+    """subscribe prints and acknowledges; a second run resumes after the acks; lag
+    shows in subscriptions (text and JSON); seek-subscription by time and position;
+    delete-subscription; tail --from-time; unknown subscriptions are one line."""
+    st = Stream(cluster.metadata_uri)
+    await st("create-namespace", "subs", "--subscription-ack-interval-s", "0.2")
+    await st("write", "subs", "s", "--create", stdin=b"".join(b"r%d\n" % i for i in range(10)))
+    r = await st("subscribe", "subs", "s", "billing", "--count", "4")
+    assert [line.split()[-1] for line in r.stdout.splitlines()] == ["r0", "r1", "r2", "r3"]
+    r = await st("subscriptions", "subs", "s", "--json")
+    [info] = json.loads(r.stdout)
+    assert (info["name"], info["lag_records"], info["truncated"]) == ("billing", 6, False)
+    assert info["lag_s"] >= 0 and info["lag_bytes"] > 0
+    r = await st("subscriptions", "subs", "s")
+    assert r.stdout.splitlines()[0].split()[:2] == ["NAME", "POSITION"]
+    assert r.stdout.splitlines()[1].split()[0] == "billing"
+    r = await st("subscribe", "subs", "s", "billing", "--no-follow", "--json")
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["data"] for x in lines] == [f"r{i}" for i in range(4, 10)]
+    assert all(x["timestamp_ms"] > 0 for x in lines)
+    r = await st("subscriptions", "subs", "s", "--json")
+    assert json.loads(r.stdout)[0]["lag_records"] == 0
+    # By time: the first record at or after the 6th record's time.
+    t = lines[2]["timestamp_ms"]
+    tail = await st("tail", "subs", "s", "--from-time", str(t), "--no-follow", "--json")
+    got = [json.loads(line) for line in tail.stdout.splitlines()]
+    assert got[0]["timestamp_ms"] >= t and all(x["timestamp_ms"] >= t for x in got)
+    iso = "1970-01-01T00:00:00Z"
+    tail = await st("tail", "subs", "s", "--from-time", iso, "--no-follow")
+    assert len(tail.stdout.splitlines()) == 10
+    r = await st("seek-subscription", "subs", "s", "billing", "--time", iso)
+    assert r.stdout.strip().endswith("now resumes at 1:0:0")
+    r = await st("seek-subscription", "subs", "s", "billing", "--position", "latest")
+    r = await st("subscriptions", "subs", "s", "--json")
+    assert json.loads(r.stdout)[0]["lag_records"] == 0
+    r = await st("delete-subscription", "subs", "s", "billing", "--force")
+    assert "deleted subscription billing" in r.stdout
+    r = await st("subscriptions", "subs", "s")
+    assert r.stdout.strip() == "subs/s: no subscriptions"
+    for args in (["seek-subscription", "subs", "s", "nobody", "--position", "earliest"],
+                 ["delete-subscription", "subs", "s", "nobody", "--force"]):
+        line = one_line_error(await st(*args, ok=False))
+        assert "no subscription 'nobody'" in line, line
+    line = one_line_error(await st("delete-subscription", "subs", "s", "x", ok=False))
+    assert "--force" in line, line
+
+
+async def test_retention_service_serves_the_subscription_lag(cluster: LocalCluster) -> None:
+    """`stream retention --every S --metrics-port P` measures each subscription's lag
+    and serves it on /metrics."""
+    import aiohttp
+
+    st = Stream(cluster.metadata_uri)
+    await st("create-namespace", "mon")
+    await st("write", "mon", "s", "--create", stdin=b"a\nb\nc\n")
+    await st("subscribe", "mon", "s", "slow", "--count", "1")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "asyncbk", "stream", "retention", "mon", "--every", "0.5",
+        "--metrics-port", "0", "--metadata-uri", cluster.metadata_uri,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=cli_env())
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(30):
+            first = (await proc.stdout.readline()).decode()
+        assert first.startswith("serving /metrics on 127.0.0.1:"), first
+        port = int(first.rsplit(":", 1)[1])
+        async with aiohttp.ClientSession() as http:
+            for _ in range(40):
+                async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    text = await resp.text()
+                if "asyncbk_subscription_lag_records{" in text:
+                    break
+                await asyncio.sleep(0.25)
+        want = ('asyncbk_subscription_lag_records{client="retention",namespace="mon",'
+                'stream="s",subscription="slow"} 2.0')
+        assert want in text, text
+        assert "asyncbk_subscription_lag_seconds{" in text
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(30):
+            await proc.wait()
+        assert proc.returncode == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     if args.stream_command == "truncate" and args.before.is_marker():
         raise CliError("--before needs a position SEGMENT:ENTRY:SLOT (as tail and info "
                        "print them), not earliest or latest")
+    if args.stream_command == "retention" and args.metrics_port is not None \
+            and not args.every:
+        raise CliError("--metrics-port needs --every (a retention service)")
     if args.stream_command == "write" and args.with_txid and args.txid is not None:
         raise CliError("--txid and --with-txid exclude each other: with --with-txid each "
                        "line gives its txid")

@@ -280,7 +280,7 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
                        metavar="TIME",
                        help="start at the first record whose timestamp is at or after TIME: "
                        "ms since the epoch or ISO 8601 (2026-11-27T09:00:00Z; no offset: "
-                       "UTC)")
+                       "UTC) (default: use --from)")
     p.add_argument("--json", action="store_true",
                    help='JSON lines: {"position", "txid", "timestamp_ms", "data"} and, '
                    'when the record has them, "key" and "headers" ("data" null and '
@@ -315,7 +315,7 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
                        "or 'latest' (ignored when it exists)")
     start.add_argument("--start-time", dest="start_time", type=_time_ms, default=None,
                        metavar="TIME", help="a new subscription starts at the first record "
-                       "at or after TIME (ms or ISO 8601)")
+                       "at or after TIME (ms or ISO 8601) (default: use --start)")
     p.add_argument("--json", action="store_true", help="JSON lines, as tail --json")
     p.add_argument("--count", type=_positive, default=None, metavar="N",
                    help="stop after N records (default: no limit)")
@@ -329,9 +329,11 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
     p.add_argument("name", metavar="NAME", type=_subscription_name, help="subscription name")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--position", type=_position, metavar="POSITION",
-                       help="SEGMENT:ENTRY:SLOT, 'earliest' or 'latest'")
+                       help="SEGMENT:ENTRY:SLOT, 'earliest' or 'latest' (required: this or "
+                       "--time)")
     where.add_argument("--time", dest="time_ms", type=_time_ms, metavar="TIME",
-                       help="ms since the epoch or ISO 8601")
+                       help="the first record at or after TIME: ms since the epoch or ISO "
+                       "8601 (required: this or --position)")
     p = command("delete-subscription", "delete a subscription",
                 "Delete the subscription NAME: retention no longer waits for it, and its "
                 "consumer, if any, is fenced. Asks first unless --force.")
