@@ -53,7 +53,7 @@ class StreamRecord:
     txid: int
     data: bytes
     key: bytes | None = None
-    headers: dict[str, bytes] = field(default_factory=dict)
+    headers: dict[str, bytes] = field(default_factory=dict, hash=False)
     timestamp_ms: int = 0
 
 

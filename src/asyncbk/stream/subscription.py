@@ -314,29 +314,35 @@ class Subscription:
                 return
             rec = CursorRecord(self.name, pos, self.epoch, self._ctime_ms, self._ctx.now_ms())
             meta = self._ctx.md.meta
-            while True:
-                try:
-                    self._version = await meta.kv_txn([(self._key, self._version)],
-                                                      put=[(self._key, rec.to_bytes())])
-                    state.persisted_as(pos)
-                    return
-                except MetadataVersionError:
+            try:
+                while True:
+                    try:
+                        self._version = await meta.kv_txn([(self._key, self._version)],
+                                                          put=[(self._key, rec.to_bytes())])
+                    except MetadataVersionError:
+                        pass
+                    else:
+                        state.persisted_as(pos)
+                        return
                     kv = await meta.kv_get(self._key)
                     if kv is None:
                         self.fence(f"subscription {self.name!r} of {self.namespace}/"
                                    f"{self.stream} was deleted")
-                        raise SubscriptionFencedError(state.why_fenced) from None
+                        raise SubscriptionFencedError(state.why_fenced)
                     now = CursorRecord.from_value(self.name, kv.value, kv.version, kv.key)
-                    if now.epoch != self.epoch:
+                    if now.epoch != self.epoch or now.ctime_ms != self._ctime_ms:
+                        # (another epoch, or the same number of a subscription deleted
+                        # and created again since)
                         self.fence(f"subscription {self.name!r} of {self.namespace}/"
                                    f"{self.stream} was taken over by another consumer or "
                                    f"sought (epoch {now.epoch}); this consumer's acks no "
                                    "longer count: subscribe again")
-                        raise SubscriptionFencedError(state.why_fenced) from None
+                        raise SubscriptionFencedError(state.why_fenced)
                     self._version = kv.version  # our own write whose answer was lost
-                except BaseException:
-                    state.persist_failed()
-                    raise
+            except BaseException:
+                if state.persisting is not None:
+                    state.persist_failed()  # (unknown outcome: the next one compares)
+                raise
 
 
 # ------------------------------------------------------------------ admin

@@ -24,6 +24,8 @@ async def segment_rows(ns: Any, info: Any) -> list[dict[str, Any]]:
             "records": s.records, "start_sequence": s.start_sequence,
             "size_bytes": s.size_bytes, "ctime_ms": s.ctime_ms,
             "completion_ms": s.completion_ms or None,
+            "first_timestamp_ms": s.first_timestamp_ms,
+            "last_timestamp_ms": s.last_timestamp_ms,
         }
         if s.state != "completed":
             row.update(await _durable_so_far(ns, s.seq, s.ledger_id))
