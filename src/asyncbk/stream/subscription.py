@@ -464,10 +464,31 @@ class _End:
     open_avg: float
 
 
-async def _read_entry(ctx: StreamContext, seg: Segment, entry: int) -> Any:
-    rh = await open_for_read(ctx, seg.ledger_id)
-    data = (await rh.read_unconfirmed(entry, entry))[0].data
-    return decode_entry(seg, data, f"stream {ctx.namespace} segment {seg.seq} entry {entry}")
+class _Entries:
+    """Entries read while measuring lags, each ledger opened and each entry read once
+    (many subscriptions often sit in the same place)."""
+
+    ENTRIES_MAX = 1024
+
+    def __init__(self, ctx: StreamContext) -> None:
+        self.ctx = ctx
+        self.handles: dict[int, Any] = {}
+        self.entries: dict[tuple[int, int], Any] = {}
+
+    async def read(self, seg: Segment, entry: int) -> Any:
+        key = (seg.ledger_id, entry)
+        got = self.entries.get(key)
+        if got is None:
+            rh = self.handles.get(seg.ledger_id)
+            if rh is None:
+                rh = self.handles[seg.ledger_id] = await open_for_read(self.ctx, seg.ledger_id)
+            data = (await rh.read_unconfirmed(entry, entry))[0].data
+            got = decode_entry(seg, data, f"stream {self.ctx.namespace} segment {seg.seq} "
+                                          f"entry {entry}")
+            if len(self.entries) >= self.ENTRIES_MAX:
+                self.entries.clear()
+            self.entries[key] = got
+        return got
 
 
 async def _stream_end(ctx: StreamContext, segs: list[Segment]) -> _End:
@@ -494,7 +515,7 @@ async def _stream_end(ctx: StreamContext, segs: list[Segment]) -> _End:
     return _End(last.start_sequence, float(last.start_bytes), last, 0, 0.0)
 
 
-async def measure(ctx: StreamContext, segs: list[Segment], end: _End, rec: CursorRecord,
+async def measure(entries: _Entries, segs: list[Segment], end: _End, rec: CursorRecord,
                   now_ms: int) -> SubscriptionInfo:
     """How far behind the end of the stream ``rec`` is (entry reads: at most two)."""
     pos = rec.position
@@ -513,7 +534,7 @@ async def measure(ctx: StreamContext, segs: list[Segment], end: _End, rec: Curso
     within = seg_records
     if seg.completed and pos.entry <= last_entry or not seg.completed and seg_records:
         try:
-            b = await _read_entry(ctx, seg, pos.entry)
+            b = await entries.read(seg, pos.entry)
             within = b.records_before + min(pos.slot, b.count)
             if pos.slot < b.count:
                 ts = b.timestamps[pos.slot]
@@ -533,7 +554,7 @@ async def measure(ctx: StreamContext, segs: list[Segment], end: _End, rec: Curso
             ts = later.first_ts
         elif later is not None:
             with contextlib.suppress(BKError):
-                ts = (await _read_entry(ctx, later, 0)).timestamps[0]
+                ts = (await entries.read(later, 0)).timestamps[0]
     lag_s = max(0.0, (now_ms - ts) / 1000) if lag_records and ts is not None else 0.0
     return SubscriptionInfo(rec.name, rec.position, lag_records, lag_bytes, lag_s, rec.epoch,
                             rec.ctime_ms, rec.mtime_ms, truncated)
@@ -550,7 +571,8 @@ async def infos(ctx: StreamContext, stream: str) -> list[SubscriptionInfo]:
     segs = await ctx.md.segments(ctx.namespace, stream)
     end = await _stream_end(ctx, segs)
     now = ctx.now_ms()
-    out = [await measure(ctx, segs, end, rec, now) for rec in cursors]
+    entries = _Entries(ctx)
+    out = [await measure(entries, segs, end, rec, now) for rec in cursors]
     ctx.stats.subscriptions_seen(ctx.namespace, stream, out)
     return out
 
