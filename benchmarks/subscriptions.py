@@ -6,13 +6,15 @@ uvloop).  Four parts, each measured against a baseline in the same run, the
 measurements interleaved round by round (the machine is a noisy shared box):
 
 1. consume: ``--consume-records`` records of 100 B (400,000, written 1,000 to a
-   ledger entry) in one stream, then per round, in an order rotated from round to round: a plain reader reading them all with
-   ``read_batch(1000)`` (the baseline), a plain reader taking them one at a time
-   with ``read_next()`` (where a per-record await costs), and a subscription (a
-   new name each round) taking each with ``read_next()`` and acknowledging it
-   with ``ack(rec.position)``.  Records/s from opening to the last record; the
-   figure is the median over rounds, the ratio the median of the ratios within
-   each round.  Target: the subscription >= 200,000 records/s.
+   ledger entry) in one stream, then per round, in an order rotated from round to
+   round: a plain reader reading them all with ``read_batch(1000)`` (the
+   baseline), a plain reader taking them one at a time with ``read_next()``
+   (what a per-record await costs), and a subscription (a new name each round)
+   taking each with ``read_next()`` and acknowledging it with
+   ``ack(rec.position)``.  Records/s from opening to the last record, and the
+   client's CPU per record (steadier than records/s on a shared box); the figure
+   is the median over rounds, the ratio the median of the ratios within each
+   round.  Target: the subscription >= 200,000 records/s.
 2. keyed writes: pipelined writes of ``--keyed-records`` 100 B records (20,000
    in flight, 1,000 per event-loop turn, as ``asyncbk bench stream``), plain
    against with an 8-byte key and two headers (2-byte names, 8-byte values), a
@@ -38,9 +40,11 @@ measurements interleaved round by round (the machine is a noisy shared box):
    own revision and WAL fsync counters (its HTTP endpoints) give the server's
    view.  Reported: the etcd write load per subscription (writes/s, expected
    about 1 / subscription_ack_interval_s) and in all, the persistence latency
-   p50/p99, the CPU of the client, etcd and the bookies; the baseline is a window
-   (of up to 10 s) before the consumers start, every subscription open and idle
-   (no ack: nothing to persist).
+   p50/p99 (the ``kv_txn`` call, as the client sees it), the failed
+   persistences, the CPU of the client, etcd and the bookies.  Baselines in the
+   same run, before it: 5 s with every subscription open and idle (no ack:
+   nothing to persist), then 10 s with only 10 of them acking (the persistence
+   unloaded).  The subscriptions are created one after another (timed too).
 
 ``--profile`` runs one more subscription consume round under py-spy (attached to
 this process; needs py-spy and ptrace rights) and prints where its time goes.
@@ -89,9 +93,14 @@ DEFAULTS = {"consume_records": 400_000, "keyed_records": 300_000, "seek_records"
 QUICK = {"consume_records": 100_000, "keyed_records": 100_000, "seek_records": 200_000,
          "subscriptions": 200, "duration": 10.0}
 TRICKLE_RECORDS_PER_S = 10
-SUBSCRIBE_CONCURRENCY = 1
-"""Subscriptions are created one after another: each creation also rewrites the stream
-record (a compare-and-swap), so concurrent ones would mostly retry."""
+IDLE_WINDOW_S = 5.0
+"""The many-subscriptions baseline with every consumer idle."""
+FEW_SUBSCRIPTIONS = 10
+FEW_WINDOW_S_MAX = 10.0
+"""The many-subscriptions baseline with only FEW_SUBSCRIPTIONS consumers acking."""
+DRAIN_S_MAX = 60.0
+"""After the many-subscriptions window: how long the persistences still queued may
+take to finish before the consumers are closed."""
 
 
 def log(message: str) -> None:
@@ -556,16 +565,20 @@ async def part_seek(bk: Any, args: argparse.Namespace) -> dict[str, Any]:
 class TxnMeter:
     """Wraps the metadata store's ``kv_txn`` (an instance attribute shadowing the
     method, removed by :meth:`restore`): counts and times the transactions that put a
-    key under ``prefix`` (the subscriptions' persistences) while ``on``."""
+    key under ``prefix`` (the subscriptions' persistences) while ``on``, and how many
+    of them are in flight at any time."""
 
     def __init__(self, meta: Any, prefix: str) -> None:
         self.meta = meta
         self.prefix = prefix
         self.inner = meta.kv_txn
         self.on = False
+        self.inflight = 0
         self.count = 0
-        self.failed = 0
         self.other = 0
+        self.failed: collections.Counter[str] = collections.Counter()
+        self.failed_total: collections.Counter[str] = collections.Counter()
+        self.first_failure = ""
         self.latencies: list[float] = []
         meta.kv_txn = self.kv_txn
 
@@ -573,12 +586,19 @@ class TxnMeter:
                      delete_prefix: Any = ()) -> int:
         ours = any(k.startswith(self.prefix) for k, _ in put)
         t0 = time.perf_counter()
+        self.inflight += ours
         try:
             result = await self.inner(compare, put, delete, delete_prefix)
-        except BaseException:
-            if self.on and ours:
-                self.failed += 1
+        except BaseException as exc:
+            if ours:
+                what = type(exc).__name__
+                self.failed_total[what] += 1
+                self.first_failure = self.first_failure or f"{what}: {exc}"
+                if self.on:
+                    self.failed[what] += 1
             raise
+        finally:
+            self.inflight -= ours
         if self.on:
             if ours:
                 self.count += 1
@@ -588,7 +608,8 @@ class TxnMeter:
         return int(result)
 
     def start(self) -> None:
-        self.count = self.failed = self.other = 0
+        self.count = self.other = 0
+        self.failed.clear()
         self.latencies = []
         self.on = True
 
@@ -620,7 +641,7 @@ class EtcdProbe:
         for line in text.splitlines():
             for name in ("etcd_disk_wal_fsync_duration_seconds_count",
                          "etcd_disk_backend_commit_duration_seconds_count",
-                         "etcd_mvcc_put_total", "etcd_mvcc_txn_total"):
+                         "etcd_mvcc_put_total"):
                 if line.startswith(name + " "):
                     out[name] = float(line.split()[1])
         return out
@@ -647,12 +668,14 @@ async def part_many(bk: Any, cluster: LocalCluster, args: argparse.Namespace) ->
     try:
         # a backlog of a few entries, each with more records than a consumer takes in the
         # whole run: every consumer stays within its first entry, its reader idle
-        per_entry = int(warmup_s + duration + 30)
+        per_entry = int(2 * warmup_s + duration + FEW_WINDOW_S_MAX + 30)
         payload = os.urandom(RECORD_BYTES)
         for _ in range(6):
             for _ in range(per_entry):
                 writer.write_nowait(payload)
             await writer.flush()
+        # one after another: creating one also rewrites the stream record (a
+        # compare-and-swap), so concurrent creations would mostly retry
         log(f"many: creating {count:,} subscriptions ...")
         create_s: list[float] = []
         t_create = time.perf_counter()
@@ -666,17 +689,16 @@ async def part_many(bk: Any, cluster: LocalCluster, args: argparse.Namespace) ->
         create_total_s = time.perf_counter() - t_create
         last: list[Position | None] = [None] * count
 
-        async def consume_tick() -> None:
-            for i, sub in enumerate(subs):
-                rec = await sub.read_next()
-                await sub.ack(rec.position)
-                last[i] = rec.position
-
-        async def consumers() -> None:
+        async def consumers(n: int, done: asyncio.Event) -> None:
+            """The first ``n`` consumers each take one more record and acknowledge it,
+            every second, until ``done``."""
             loop = asyncio.get_running_loop()
             due = loop.time()
-            while not stop.is_set():
-                await consume_tick()
+            while not done.is_set():
+                for i, sub in enumerate(subs[:n]):
+                    rec = await sub.read_next()
+                    await sub.ack(rec.position)
+                    last[i] = rec.position
                 due += 1.0
                 await asyncio.sleep(max(0.0, due - loop.time()))
 
@@ -686,26 +708,55 @@ async def part_many(bk: Any, cluster: LocalCluster, args: argparse.Namespace) ->
                     writer.write_nowait(payload)
                 await asyncio.sleep(1.0)
 
-        # the baseline: the same window with every consumer idle (nothing to persist)
+        async def acking(n: int, seconds: float) -> dict[str, Any]:
+            done = asyncio.Event()
+            task = asyncio.create_task(consumers(n, done))
+            tasks.append(task)
+            await asyncio.sleep(warmup_s)
+            log(f"many: measuring {seconds:g} s with {n:,} of the {count:,} consumers acking "
+                "every second ...")
+            window = await steady_window(cluster, meter, probe, seconds)
+            done.set()
+            await task
+            tasks.remove(task)
+            window["acking_subscriptions"] = n
+            window["writes_per_s_per_subscription"] = window["subscription_writes_per_s"] / n
+            log(f"many: {window['subscription_writes_per_s']:,.0f} subscription writes/s "
+                f"({window['writes_per_s_per_subscription']:.3f} per acking subscription), "
+                f"persist p50 {window['persist_ms']['p50']:.1f} ms p99 "
+                f"{window['persist_ms']['p99']:.1f} ms, failed "
+                f"{sum(window['subscription_write_failures'].values())}, client CPU "
+                f"{window['cpu_percent']['client']:.0f}%")
+            return window
+
+        # baselines: every consumer open and idle (nothing to persist), then only a few
+        # acking (the persistence unloaded); then all of them
         await asyncio.sleep(interval + 0.5)  # the persist loops of the last created settle
         tasks.append(asyncio.create_task(trickle()))
-        idle = await steady_window(cluster, meter, probe, min(duration, 10.0))
+        idle = await steady_window(cluster, meter, probe, IDLE_WINDOW_S)
+        idle["acking_subscriptions"] = 0
         log(f"many: idle window: {idle['subscription_writes_per_s']:.1f} subscription "
             f"writes/s, client CPU {idle['cpu_percent']['client']:.0f}%")
-        tasks.append(asyncio.create_task(consumers()))
-        await asyncio.sleep(warmup_s)
-        log(f"many: measuring {duration:g} s with {count:,} consumers acking every second ...")
-        busy = await steady_window(cluster, meter, probe, duration)
+        few = await acking(min(FEW_SUBSCRIPTIONS, count), min(duration, FEW_WINDOW_S_MAX))
+        busy = await acking(count, duration)
         stop.set()
         await asyncio.gather(*tasks)
         tasks.clear()
-        busy["writes_per_s_per_subscription"] = busy["subscription_writes_per_s"] / count
-        log(f"many: {busy['subscription_writes_per_s']:,.0f} subscription writes/s "
-            f"({busy['writes_per_s_per_subscription']:.3f} per subscription), persist p50 "
-            f"{busy['persist_ms']['p50']:.1f} ms p99 {busy['persist_ms']['p99']:.1f} ms")
+        # the persistences still queued drain (each subscription's last ack, once), then
+        # every consumer closes (persisting what is left, if anything)
         t0 = time.perf_counter()
-        for k in range(0, count, 100):
-            await asyncio.gather(*(s.close() for s in subs[k:k + 100]))
+        quiet = 0
+        while quiet < 3 and time.perf_counter() - t0 < DRAIN_S_MAX:
+            await asyncio.sleep(0.5)
+            quiet = quiet + 1 if meter.inflight == 0 else 0
+        drain_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        close_errors: collections.Counter[str] = collections.Counter()
+        for k in range(0, count, 50):
+            for res in await asyncio.gather(*(s.close() for s in subs[k:k + 50]),
+                                            return_exceptions=True):
+                if isinstance(res, BaseException):
+                    close_errors[type(res).__name__] += 1
         close_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         infos = {s.name: s for s in await ns.subscriptions("s")}
@@ -734,8 +785,10 @@ async def part_many(bk: Any, cluster: LocalCluster, args: argparse.Namespace) ->
             "backlog": {"entries": 6, "records_per_entry": per_entry},
             "create": {"total_s": create_total_s, "per_s": count / create_total_s,
                        "latency_ms": latency_ms(create_s)},
-            "idle": idle, "acking": busy,
-            "close_all_s": close_s, "lag_query_s": lag_query_s,
+            "idle": idle, "few_acking": few, "acking": busy,
+            "drain_s": drain_s, "close_all_s": close_s, "close_errors": dict(close_errors),
+            "persist_failures_in_all": dict(meter.failed_total),
+            "first_persist_failure": meter.first_failure, "lag_query_s": lag_query_s,
             "target": {"what": f"about {1 / interval:g} etcd write/s per subscription "
                        f"(1 / subscription_ack_interval_s)",
                        "measured": busy["writes_per_s_per_subscription"],
@@ -758,7 +811,7 @@ async def steady_window(cluster: LocalCluster, meter: TxnMeter, probe: EtcdProbe
     etcd = {k: (e1[k] - e0[k]) / wall for k in e0 if k in e1}
     return {"seconds": wall, "subscription_writes": meter.count,
             "subscription_writes_per_s": meter.count / wall,
-            "subscription_write_failures": meter.failed, "other_txns": meter.other,
+            "subscription_write_failures": dict(meter.failed), "other_txns": meter.other,
             "persist_ms": latency_ms(meter.latencies),
             "etcd_per_s": {("revisions" if k == "revision" else k): round(v, 1)
                            for k, v in etcd.items()},
@@ -777,16 +830,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         async with LocalCluster(bookies=3, data_dir=data_dir,
                                 owner="benchmarks/subscriptions.py") as cluster:
             bk = await cluster.client()
+            profile_to = Path(args.profile_out) if args.profile else None
+            parts: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
+                "consume": lambda: part_consume(bk, cluster, args, profile_to),
+                "keyed": lambda: part_keyed(bk, cluster, args),
+                "seek": lambda: part_seek(bk, args),
+                "many": lambda: part_many(bk, cluster, args),
+            }
             try:
-                if "consume" in args.parts:
-                    profile_to = Path(args.profile_out) if args.profile else None
-                    result["consume"] = await part_consume(bk, cluster, args, profile_to)
-                if "keyed" in args.parts:
-                    result["keyed"] = await part_keyed(bk, cluster, args)
-                if "seek" in args.parts:
-                    result["seek"] = await part_seek(bk, args)
-                if "many" in args.parts:
-                    result["many"] = await part_many(bk, cluster, args)
+                for name, part in parts.items():
+                    if name not in args.parts:
+                        continue
+                    t0 = time.monotonic()
+                    try:
+                        result[name] = await part()
+                    except Exception as exc:  # the other parts still run and report
+                        log(f"{name}: failed: {exc!r}")
+                        result.setdefault("errors", {})[name] = repr(exc)
+                    else:
+                        result[name]["elapsed_s"] = round(time.monotonic() - t0, 1)
             finally:
                 await bk.close()
     finally:
@@ -806,6 +868,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the tables
+
+
+def _ms(v: float) -> str:
+    return "-" if v != v else f"{v:.1f}"  # (nan: no sample)
+
+
+def _counts(c: dict[str, int]) -> str:
+    return ", ".join(f"{v:,} {k}" for k, v in c.items()) if c else "none"
 
 
 def tables(r: dict[str, Any]) -> str:
@@ -871,31 +941,39 @@ def tables(r: dict[str, Any]) -> str:
         out += [f"## many subscriptions: {m['subscriptions']:,} on one stream, each acking a "
                 f"new record every second for {m['duration_s']:g} s "
                 f"(subscription_ack_interval_s {m['subscription_ack_interval_s']:g})", "",
-                "| window | subscription writes/s | per subscription | persist p50 ms "
+                "| window | subscription writes/s | per acking subscription | persist p50 ms "
                 "| persist p99 ms | etcd revisions/s | etcd WAL fsyncs/s | CPU % client / "
                 "etcd / bookies |", "|---|---|---|---|---|---|---|---|"]
-        for name, w in (("idle (baseline)", i), ("acking", b)):
+        f_ = m["few_acking"]
+        for name, w in (("all idle (baseline)", i),
+                        (f"{f_['acking_subscriptions']} acking (baseline)", f_),
+                        (f"all {m['subscriptions']:,} acking", b)):
             cpu = w["cpu_percent"]
             bookies = "/".join(f"{v:.0f}" for k_, v in cpu.items() if k_.startswith("bookie"))
             e = w["etcd_per_s"]
             p = w["persist_ms"]
             out.append(
                 f"| {name} | {w['subscription_writes_per_s']:,.1f} | "
-                f"{w['subscription_writes_per_s'] / m['subscriptions']:.3f} | "
-                f"{p['p50']:.1f} | {p['p99']:.1f} | {e.get('revisions', 0):,.0f} | "
+                f"{w.get('writes_per_s_per_subscription', 0):.3f} | "
+                f"{_ms(p['p50'])} | {_ms(p['p99'])} | {e.get('revisions', 0):,.0f} | "
                 f"{e.get('etcd_disk_wal_fsync_duration_seconds_count', 0):,.0f} | "
                 f"{cpu['client']:.0f} / {cpu['etcd']:.0f} / {bookies} |")
         cl = m["create"]
+        cpu_us = b["cpu_percent"]["client"] / max(1e-9, b["subscription_writes_per_s"]) * 1e4
         out += ["", f"etcd write load per subscription: {b['writes_per_s_per_subscription']:.3f} "
                 f"writes/s (expected about {1 / m['subscription_ack_interval_s']:g}); in all "
                 f"{b['subscription_writes_per_s']:,.0f}/s; client CPU "
-                f"{b['cpu_percent']['client']:.0f}% of a core "
-                f"({b['cpu_percent']['client'] / max(1e-9, b['subscription_writes_per_s']) * 1e4:.0f}"
-                f" µs per persistence, idle consumers included); failed persistences "
-                f"{b['subscription_write_failures']}",
-                f"creating them: {cl['total_s']:.1f} s ({cl['per_s']:,.0f}/s, p50 "
-                f"{cl['latency_ms']['p50']:.1f} ms, p99 {cl['latency_ms']['p99']:.1f} ms); "
-                f"closing them all: {m['close_all_s']:.1f} s; ns.subscriptions() (lag of all): "
+                f"{b['cpu_percent']['client']:.0f}% of a core ({cpu_us:.0f}"
+                f" µs per persistence, idle consumers included); failed persistences in "
+                f"the window: {_counts(b['subscription_write_failures'])}, in all: "
+                f"{_counts(m['persist_failures_in_all'])}"
+                + (f" (first: {m['first_persist_failure'][:160]})"
+                   if m["first_persist_failure"] else ""),
+                f"creating them (one after another): {cl['total_s']:.1f} s ({cl['per_s']:,.0f}/s, "
+                f"p50 {cl['latency_ms']['p50']:.1f} ms, p99 {cl['latency_ms']['p99']:.1f} ms); "
+                f"after the window, persistences still queued took {m['drain_s']:.1f} s to "
+                f"drain; closing them all: {m['close_all_s']:.1f} s (errors: "
+                f"{_counts(m['close_errors'])}); ns.subscriptions() (lag of all): "
                 f"{m['lag_query_s']:.1f} s; persisted position != last ack after close: "
                 f"{m['failure_count']}", ""]
         t = m["target"]
@@ -904,6 +982,8 @@ def tables(r: dict[str, Any]) -> str:
         targets.append(f"| many subscriptions: every last ack persisted at close | "
                        f"{m['failure_count']} not | {yes(m['failure_count'] == 0)} |")
     text = "\n".join(out) + "\n" + "\n".join(targets) + "\n"
+    for part, error in r.get("errors", {}).items():
+        text += f"\n{part}: FAILED, not measured: {error}\n"
     for part in ("consume", "keyed"):
         if part in r and r[part]["failures"]:
             text += f"\n{part} failures: " + "; ".join(r[part]["failures"]) + "\n"
@@ -955,6 +1035,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="seed of the seek times (default 1)")
     p.add_argument("--timeout", type=float, default=1800,
                    help="give up (and stop everything) after this many seconds (default 1800)")
+    p.add_argument("--log-level", default="error",
+                   help="asyncbk's log level (default error: the subscriptions' failed "
+                   "persistences, which it logs as warnings, are counted in the results)")
     p.add_argument("--json", default=None, help="write the results here (default: none)")
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else DEFAULTS).items():
@@ -984,8 +1067,13 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, task.cancel)  # stop the cluster on SIGTERM too
     try:
-        async with asyncio.timeout(args.timeout):
-            return await run(args)
+        async with asyncio.timeout(args.timeout) as deadline:
+            try:
+                return await run(args)
+            except TimeoutError as exc:  # not --timeout's: say what it was
+                if deadline.expired():
+                    raise
+                raise RuntimeError(f"an operation timed out: {exc!r}") from exc
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
 
@@ -994,7 +1082,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from asyncbk.log import configure
 
-    configure("warning")
+    configure(args.log_level)
     try:
         import uvloop
     except ImportError:
@@ -1019,7 +1107,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         log(f"results: {args.json}")
-    failed = any(result.get(p, {}).get("failures") for p in PARTS)
+    failed = "errors" in result or any(result.get(p, {}).get("failures") for p in PARTS)
     return 1 if failed else 0
 
 

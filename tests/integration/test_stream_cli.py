@@ -246,6 +246,8 @@ async def test_namespaces_streams_write_tail_info_truncate_delete(cluster: Local
     r = await st("tail", "orders", "eu/paris", "--no-follow", "--json")
     recs = [json.loads(ln) for ln in r.stdout.splitlines()]
     assert [rec["position"] for rec in recs] == [str(p) for p in positions]
+    stamps = [rec.pop("timestamp_ms") for rec in recs]  # the writer's clock, never lower
+    assert stamps == sorted(stamps) and stamps[0] > 1_700_000_000_000
     assert recs[0] == {"position": "1:0:0", "txid": 0, "data": "alpha"}
     assert recs[14] == {"position": str(positions[14]), "txid": 200, "data": "café"}
     assert recs[15] == {"position": str(positions[15]), "txid": 201, "data": None,
