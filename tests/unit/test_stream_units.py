@@ -692,3 +692,24 @@ async def test_segment_records_round_trip(md: StreamMetadata) -> None:
     assert got == stored == dataclasses.replace(seg, version=stored.version)
     kv = await md.meta.kv_get(keys.segment(md.root, "n", "s", 4))
     assert kv is not None and "version" not in msgpack.unpackb(kv.value)
+
+
+@given(st.integers(1, 50), st.integers(0, 1000), full_records(), st.integers(0, 13))
+def test_a_batch_reads_as_the_records_written(seq: int, entry_id: int, records: list[Any],
+                                              first_slot: int) -> None:
+    """``batch_records`` (which builds records without the dataclasses' ``__init__``)
+    gives the records a plain construction gives: equal, hashable, ordered, frozen."""
+    from asyncbk.stream.reader import StreamRecord, batch_records
+
+    batch = codec.decode(_encode_full(0, records))
+    got = batch_records("s", seq, entry_id, batch, first_slot, "e")
+    want = [StreamRecord("s", Position(seq, entry_id, i), t, d, k, h, ts)
+            for i, (t, d, ts, k, h) in enumerate(records) if i >= first_slot]
+    assert got == want
+    assert [hash(r) for r in got] == [hash(r) for r in want]
+    assert [r.position for r in got] == sorted(r.position for r in want)
+    for r in got[:1]:
+        with pytest.raises(AttributeError):
+            r.txid = 1  # type: ignore[misc]
+        with pytest.raises(AttributeError):
+            r.position.slot = 1  # type: ignore[misc]

@@ -57,20 +57,49 @@ class StreamRecord:
     timestamp_ms: int = 0
 
 
+def _slot_setters(cls: type, names: str) -> list[Any]:
+    return [cls.__dict__[name].__set__ for name in names.split()]
+
+
+_new = object.__new__
+_set_segment, _set_entry, _set_slot = _slot_setters(Position, "segment entry slot")
+(_set_stream, _set_position, _set_txid, _set_data, _set_key, _set_headers,
+ _set_ts) = _slot_setters(StreamRecord, "stream position txid data key headers timestamp_ms")
+
+
+def _record(stream: str, seq: int, entry_id: int, slot: int, txid: int, data: bytes,
+            key: bytes | None, headers: dict[str, bytes], ts: int) -> StreamRecord:
+    """``StreamRecord(stream, Position(seq, entry_id, slot), ...)``, made the way the
+    frozen dataclasses' own ``__init__`` would, without their per-field
+    ``object.__setattr__`` calls (a reader makes one per record)."""
+    pos = _new(Position)
+    _set_segment(pos, seq)
+    _set_entry(pos, entry_id)
+    _set_slot(pos, slot)
+    rec = _new(StreamRecord)
+    _set_stream(rec, stream)
+    _set_position(rec, pos)
+    _set_txid(rec, txid)
+    _set_data(rec, data)
+    _set_key(rec, key)
+    _set_headers(rec, headers)
+    _set_ts(rec, ts)
+    return rec
+
+
 def batch_records(stream: str, seq: int, entry_id: int, batch: Batch, first_slot: int,
                   where: str) -> list[StreamRecord]:
     """The records of a decoded entry from ``first_slot`` on."""
     txids, datas, tss = batch.txids, batch.datas, batch.timestamps
     extras = batch.extras
-    new = StreamRecord
     if extras is None:
-        return [new(stream, Position(seq, entry_id, i), txids[i], datas[i], None, {}, tss[i])
+        return [_record(stream, seq, entry_id, i, txids[i], datas[i], None, {}, tss[i])
                 for i in range(first_slot, len(datas))]
     out = []
     for i in range(first_slot, len(datas)):
         key, headers = unpack_extras(extras[i], where)
-        out.append(new(stream, Position(seq, entry_id, i), txids[i], datas[i], key, headers,
-                       tss[i]))
+        out.append(_record(stream, seq, entry_id, i, txids[i], datas[i], key, headers,
+                           tss[i]))
     return out
 
 
