@@ -147,6 +147,8 @@ async def workload(seed: int, rounds: int = 8) -> tuple[object, ...]:
     last = await check_store()
     records, _ = await read_back(c)
     positions = [r.position for r in records]
+    stamps = [r.timestamp_ms for r in records]
+    assert stamps == sorted(stamps), "record times went down"  # invariant 10
     seen: set[Position] = set()
     for start, got in runs:
         if got:
