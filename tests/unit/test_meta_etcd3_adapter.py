@@ -63,3 +63,19 @@ async def test_urls_requests_and_answers_as_the_gateway_needs_them() -> None:
     finally:
         await client.close()
         await tls.close()
+
+
+def test_etcd3_request_builders_no_longer_inspect_signatures_per_call() -> None:
+    """etcd3-py's memoize decorator asks ``getargspec`` twice per call: the adapter
+    puts a cache in front of it, with the same answers."""
+    import inspect
+
+    import etcd3.utils
+
+    from asyncbk.meta import etcd3_adapter  # noqa: F401  (patches at import)
+
+    spec = etcd3.utils.getargspec
+    assert spec(etcd3.utils.incr_last_byte) == inspect.getfullargspec(etcd3.utils.incr_last_byte)
+    before = spec.cache_info().hits  # type: ignore[attr-defined]
+    spec(etcd3.utils.incr_last_byte)
+    assert spec.cache_info().hits == before + 1  # type: ignore[attr-defined]
