@@ -169,3 +169,38 @@ def test_release_keeps_what_a_subscription_holds_until_its_quota() -> None:
     # an empty segment is held by nobody
     empty = [seg(1, 0, 0, 0), *segs[1:]]
     assert release(empty[:1], empty, cursors, 0, 0, 10_000).segments == empty[:1]
+
+
+async def test_batched_cas_coalesces_and_tells_each_writer_its_outcome() -> None:
+    import asyncio
+
+    from asyncbk.errors import MetadataVersionError
+    from asyncbk.meta.memory import MemoryMetadataStore
+    from asyncbk.stream.meta import CAS_BATCH_KEYS_MAX, BatchedCas
+
+    store = MemoryMetadataStore("/t")
+    versions = {}
+    for i in range(100):
+        versions[i] = await store.kv_txn([], put=[(f"/t/k{i}", b"0")])
+    calls: list[int] = []
+    real = store.kv_txn
+
+    async def counting(compare, put=(), delete=(), delete_prefix=()):  # type: ignore[no-untyped-def]
+        calls.append(len(compare))
+        return await real(compare, put, delete, delete_prefix)
+
+    store.kv_txn = counting  # type: ignore[method-assign]
+    cas = BatchedCas()
+    # key 7 moved meanwhile: its writer is refused, the others go through
+    versions[7] = -1
+    futs = [cas.write(store, f"/t/k{i}", versions[i], b"1") for i in range(100)]
+    results = await asyncio.gather(*futs, return_exceptions=True)
+    assert isinstance(results[7], MetadataVersionError)
+    assert all(isinstance(r, int) for i, r in enumerate(results) if i != 7)
+    for i in range(100):
+        kv = await store.kv_get(f"/t/k{i}")
+        assert kv is not None and kv.value == (b"0" if i == 7 else b"1")
+    # 100 writes: two transactions, the first refused whole and retried key by key
+    assert calls[:2] == [CAS_BATCH_KEYS_MAX, 100 - CAS_BATCH_KEYS_MAX] or \
+        sorted(calls[:2]) == sorted([CAS_BATCH_KEYS_MAX, 100 - CAS_BATCH_KEYS_MAX])
+    assert len(calls) == 2 + CAS_BATCH_KEYS_MAX

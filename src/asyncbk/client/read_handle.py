@@ -409,11 +409,15 @@ class ReadHandle:
 
     async def tail(self, start: int = 0, poll_s: float = 1.0) -> AsyncIterator[LedgerEntry]:
         """Entries from ``start`` on, waiting for new ones; ends after the last entry of a
-        closed ledger."""
+        closed ledger.  The first read asks for one entry, and each next one for twice
+        as many, up to READ_WINDOW_ENTRIES_MAX: the first entry comes after one entry's
+        read, not a thousand's."""
         next_id = start
+        window = 1
         while True:
             if next_id <= self._lac:
-                last = min(self._lac, next_id + READ_WINDOW_ENTRIES_MAX - 1)
+                last = min(self._lac, next_id + window - 1)
+                window = min(2 * window, READ_WINDOW_ENTRIES_MAX)
                 for entry in await self.read(next_id, last):
                     yield entry
                 next_id = last + 1

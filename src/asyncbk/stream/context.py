@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..client.ledger import FRAME_OVERHEAD_BYTES_MAX
@@ -21,7 +21,7 @@ from ..config import ClientConfig
 from ..log import get_logger
 from ..meta.api import MetadataStore
 from .codec import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
-from .meta import StreamConfig, StreamMeta, StreamMetadata
+from .meta import BatchedCas, StreamConfig, StreamMeta, StreamMetadata
 from .stats import StreamStats
 
 if TYPE_CHECKING:
@@ -90,6 +90,8 @@ class StreamContext:
     clock: Clock = LOOP_CLOCK
     logger: Callable[..., Any] = get_logger
     """``logger(**context)``: a structlog logger with ``context`` bound."""
+    cas: BatchedCas = field(default_factory=BatchedCas)
+    """Coalesces the subscriptions' cursor writes into shared transactions."""
 
     @classmethod
     def create(cls, client: LedgerClient, namespace: str, defaults: StreamConfig, *,

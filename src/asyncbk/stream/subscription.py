@@ -296,8 +296,14 @@ class Subscription:
 
     async def _persist_loop(self) -> None:
         clock = self._ctx.clock
+        interval = self._interval_s
         while not self._state.fenced:
-            await clock.sleep(self._interval_s)
+            # On the interval's multiples of the clock: the consumers of a process
+            # persist together, in shared transactions (BatchedCas).
+            delay = interval - clock.monotonic_s() % interval
+            if delay < interval / 100:  # (at a multiple already, give or take rounding)
+                delay += interval
+            await clock.sleep(delay)
             try:
                 await self._persist()
             except SubscriptionFencedError:
@@ -317,8 +323,8 @@ class Subscription:
             try:
                 while True:
                     try:
-                        self._version = await meta.kv_txn([(self._key, self._version)],
-                                                          put=[(self._key, rec.to_bytes())])
+                        self._version = await self._ctx.cas.write(
+                            meta, self._key, self._version, rec.to_bytes())
                     except MetadataVersionError:
                         pass
                     else:
