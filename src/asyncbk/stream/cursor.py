@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidAckError, SubscriptionFencedError, TooManyRequestsError
 from .meta import Segment
-from .position import Position
+from .position import Position, make_position
 
 UNACKED_ENTRIES_MAX = 100_000
 """Entries a consumer may hold delivered and unacknowledged (a consumer that never
@@ -118,7 +118,7 @@ class CursorState:
         if i > 1024 and i * 2 > n:
             del spans[:i]
             self._head = 0
-        self.acked = Position(position.segment, position.entry, position.slot + 1)
+        self.acked = make_position(position.segment, position.entry, position.slot + 1)
         return True
 
     # --- persistence --------------------------------------------------------

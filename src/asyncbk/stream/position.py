@@ -91,3 +91,19 @@ _EARLIEST = Position(0, 0, 0)
 _LATEST = Position(_MAX64, _MAX64, _MAX32)
 Position.EARLIEST = _EARLIEST
 Position.LATEST = _LATEST
+
+_new = object.__new__
+_set_segment = Position.__dict__["segment"].__set__
+_set_entry = Position.__dict__["entry"].__set__
+_set_slot = Position.__dict__["slot"].__set__
+
+
+def make_position(segment: int, entry: int, slot: int) -> Position:
+    """``Position(segment, entry, slot)`` without the frozen dataclass's per-field
+    ``object.__setattr__`` calls (about twice as fast): for the paths that make one
+    per record (readers, acknowledgements).  No checks, like the constructor."""
+    p = _new(Position)
+    _set_segment(p, segment)
+    _set_entry(p, entry)
+    _set_slot(p, slot)
+    return p

@@ -30,7 +30,7 @@ from ..errors import (
 from .codec import Batch, timestamp_bounds, unpack_extras
 from .context import StreamContext
 from .meta import Segment
-from .position import Position
+from .position import Position, make_position
 from .segment_ledger import decode_entry, open_for_read
 
 SEGMENT_POLL_S = 0.02
@@ -62,7 +62,6 @@ def _slot_setters(cls: type, names: str) -> list[Any]:
 
 
 _new = object.__new__
-_set_segment, _set_entry, _set_slot = _slot_setters(Position, "segment entry slot")
 (_set_stream, _set_position, _set_txid, _set_data, _set_key, _set_headers,
  _set_ts) = _slot_setters(StreamRecord, "stream position txid data key headers timestamp_ms")
 
@@ -72,13 +71,9 @@ def _record(stream: str, seq: int, entry_id: int, slot: int, txid: int, data: by
     """``StreamRecord(stream, Position(seq, entry_id, slot), ...)``, made the way the
     frozen dataclasses' own ``__init__`` would, without their per-field
     ``object.__setattr__`` calls (a reader makes one per record)."""
-    pos = _new(Position)
-    _set_segment(pos, seq)
-    _set_entry(pos, entry_id)
-    _set_slot(pos, slot)
     rec = _new(StreamRecord)
     _set_stream(rec, stream)
-    _set_position(rec, pos)
+    _set_position(rec, make_position(seq, entry_id, slot))
     _set_txid(rec, txid)
     _set_data(rec, data)
     _set_key(rec, key)
@@ -130,6 +125,10 @@ class StreamReader:
         return self._start
 
     # ------------------------------------------------------------------ public
+
+    def take_ready(self) -> StreamRecord | None:
+        """The next record if one is decoded and waiting, else None (never waits)."""
+        return self._ready.popleft() if self._ready else None
 
     async def read_next(self) -> StreamRecord:
         """The next record, waiting for it as long as it takes."""

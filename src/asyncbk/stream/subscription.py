@@ -232,10 +232,11 @@ class Subscription:
 
     async def read_next(self) -> StreamRecord:
         """The next record (waiting for it); SubscriptionFencedError once fenced."""
-        if self._state.fenced:
-            raise SubscriptionFencedError(self._state.why_fenced)
-        rec = await self._reader.read_next()
-        self._state.delivered(rec.position)
+        state = self._state
+        if state.fenced:
+            raise SubscriptionFencedError(state.why_fenced)
+        rec = self._reader.take_ready() or await self._reader.read_next()
+        state.delivered(rec.position)
         return rec
 
     async def ack(self, position: Position) -> None:
