@@ -38,9 +38,10 @@ measurements interleaved round by round (the machine is a noisy shared box):
    what is measured is the acknowledgement path.  The metadata store's
    ``kv_txn`` is wrapped to count and time the subscriptions' persistences; etcd's
    own revision and WAL fsync counters (its HTTP endpoints) give the server's
-   view.  Reported: the etcd write load per subscription (writes/s, expected
-   about 1 / subscription_ack_interval_s) and in all, the persistence latency
-   p50/p99 (the ``kv_txn`` call, as the client sees it), the failed
+   view.  Reported: the etcd write load per subscription (cursor writes/s,
+   expected about 1 / subscription_ack_interval_s) and in all, the etcd
+   transactions carrying them (the consumers of one process share them), the
+   transaction latency p50/p99 (the ``kv_txn`` call, as the client sees it), the failed
    persistences, the CPU of the client, etcd and the bookies.  Baselines in the
    same run, before it: 5 s with every subscription open and idle (no ack:
    nothing to persist), then 10 s with only 10 of them acking (the persistence
@@ -564,9 +565,10 @@ async def part_seek(bk: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 class TxnMeter:
     """Wraps the metadata store's ``kv_txn`` (an instance attribute shadowing the
-    method, removed by :meth:`restore`): counts and times the transactions that put a
-    key under ``prefix`` (the subscriptions' persistences) while ``on``, and how many
-    of them are in flight at any time."""
+    method, removed by :meth:`restore`): counts the keys under ``prefix`` written (the
+    subscriptions' persistences: the consumers of a process share transactions, up
+    to 64 keys each) and counts and times those transactions while ``on``, and how
+    many of them are in flight at any time."""
 
     def __init__(self, meta: Any, prefix: str) -> None:
         self.meta = meta
@@ -575,6 +577,7 @@ class TxnMeter:
         self.on = False
         self.inflight = 0
         self.count = 0
+        self.txns = 0
         self.other = 0
         self.failed: collections.Counter[str] = collections.Counter()
         self.failed_total: collections.Counter[str] = collections.Counter()
@@ -584,7 +587,8 @@ class TxnMeter:
 
     async def kv_txn(self, compare: Any, put: Any = (), delete: Any = (),
                      delete_prefix: Any = ()) -> int:
-        ours = any(k.startswith(self.prefix) for k, _ in put)
+        keys = sum(1 for k, _ in put if k.startswith(self.prefix))
+        ours = keys > 0
         t0 = time.perf_counter()
         self.inflight += ours
         try:
@@ -601,14 +605,15 @@ class TxnMeter:
             self.inflight -= ours
         if self.on:
             if ours:
-                self.count += 1
+                self.count += keys
+                self.txns += 1
                 self.latencies.append(time.perf_counter() - t0)
             else:
                 self.other += 1
         return int(result)
 
     def start(self) -> None:
-        self.count = self.other = 0
+        self.count = self.txns = self.other = 0
         self.failed.clear()
         self.latencies = []
         self.on = True
@@ -811,6 +816,7 @@ async def steady_window(cluster: LocalCluster, meter: TxnMeter, probe: EtcdProbe
     etcd = {k: (e1[k] - e0[k]) / wall for k in e0 if k in e1}
     return {"seconds": wall, "subscription_writes": meter.count,
             "subscription_writes_per_s": meter.count / wall,
+            "subscription_txns_per_s": meter.txns / wall,
             "subscription_write_failures": dict(meter.failed), "other_txns": meter.other,
             "persist_ms": latency_ms(meter.latencies),
             "etcd_per_s": {("revisions" if k == "revision" else k): round(v, 1)
@@ -962,7 +968,8 @@ def tables(r: dict[str, Any]) -> str:
         cpu_us = b["cpu_percent"]["client"] / max(1e-9, b["subscription_writes_per_s"]) * 1e4
         out += ["", f"etcd write load per subscription: {b['writes_per_s_per_subscription']:.3f} "
                 f"writes/s (expected about {1 / m['subscription_ack_interval_s']:g}); in all "
-                f"{b['subscription_writes_per_s']:,.0f}/s; client CPU "
+                f"{b['subscription_writes_per_s']:,.0f} cursor writes/s in "
+                f"{b.get('subscription_txns_per_s', 0):,.1f} etcd transactions/s; client CPU "
                 f"{b['cpu_percent']['client']:.0f}% of a core ({cpu_us:.0f}"
                 f" µs per persistence, idle consumers included); failed persistences in "
                 f"the window: {_counts(b['subscription_write_failures'])}, in all: "
