@@ -88,8 +88,23 @@ class CursorState:
         fenced."""
         if self.fenced:
             raise SubscriptionFencedError(self.why_fenced)
-        if not isinstance(position, Position):
+        if type(position) is not Position:
             raise TypeError(f"ack takes a Position (rec.position), not {type(position).__name__}")
+        spans, head = self._spans, self._head
+        if head < len(spans):  # the common case: a record of the oldest entry delivered
+            s = spans[head]
+            slot = position.slot
+            if s.entry == position.entry and s.segment == position.segment \
+                    and s.first <= slot <= s.last:
+                if slot == s.last:
+                    self._head = head + 1
+                    if head > 1024 and head * 2 > len(spans):
+                        del spans[:head + 1]
+                        self._head = 0
+                else:
+                    s.first = slot + 1
+                self.acked = make_position(s.segment, s.entry, slot + 1)
+                return True
         if position < self.acked:
             if _just_before(position, self.acked):
                 return False  # the last acknowledged again: nothing to do

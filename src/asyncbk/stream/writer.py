@@ -585,6 +585,9 @@ def check_timestamp_ms(timestamp_ms: object) -> int:
 
 def _extras(key: object, headers: object) -> bytes:
     """A record's key and headers, checked and packed."""
+    if (key is None or type(key) is bytes) and type(headers) is dict \
+            and all(type(k) is str and type(v) is bytes for k, v in headers.items()):
+        return pack_extras(key, headers)  # (the common case, checked at once)
     if key is not None and not isinstance(key, bytes):
         if isinstance(key, (bytearray, memoryview)):
             key = bytes(key)
