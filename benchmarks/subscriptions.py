@@ -270,7 +270,40 @@ async def consume_subscription(ns: Any, stream: str, name: str, n: int) -> int:
     return got
 
 
-CONSUME_VARIANTS = ("reader read_batch", "reader read_next", "subscription read_next+ack")
+async def consume_subscription_for(ns: Any, stream: str, name: str, n: int) -> int:
+    """API.md's idiom: ``async for rec in sub`` and ``await sub.ack(rec.position)``."""
+    got = 0
+    sub = await ns.subscribe(stream, name, start=Position.EARLIEST)
+    try:
+        ack = sub.ack
+        async for rec in sub:
+            await ack(rec.position)
+            got += 1
+            if got == n:
+                break
+    finally:
+        await sub.close()
+    return got
+
+
+async def consume_subscription_batch(ns: Any, stream: str, name: str, n: int) -> int:
+    """``sub.read_batch(1000)``, then an ack of every record."""
+    got = 0
+    sub = await ns.subscribe(stream, name, start=Position.EARLIEST)
+    try:
+        ack = sub.ack
+        while got < n:
+            for rec in await sub.read_batch(1000, wait_s=0.5):
+                await ack(rec.position)
+                got += 1
+    finally:
+        await sub.close()
+    return got
+
+
+CONSUME_VARIANTS = ("reader read_batch", "reader read_next", "subscription read_next+ack",
+                    "subscription async for+ack", "subscription read_batch+ack")
+TARGET_CONSUME_VARIANT = "subscription async for+ack"
 
 
 async def part_consume(bk: Any, cluster: LocalCluster, args: argparse.Namespace,
@@ -287,7 +320,8 @@ async def part_consume(bk: Any, cluster: LocalCluster, args: argparse.Namespace,
     rows: list[dict[str, Any]] = []
     bad: list[str] = []
     for rnd in range(args.rounds):
-        order = CONSUME_VARIANTS[rnd % 3:] + CONSUME_VARIANTS[:rnd % 3]
+        k = rnd % len(CONSUME_VARIANTS)
+        order = CONSUME_VARIANTS[k:] + CONSUME_VARIANTS[:k]
         for variant in order:
             cpu = CpuWindow(cluster)
             cpu.start()
@@ -296,6 +330,10 @@ async def part_consume(bk: Any, cluster: LocalCluster, args: argparse.Namespace,
                 got = await read_all_batch(ns, "s", n)
             elif variant == "reader read_next":
                 got = await read_all_next(ns, "s", n)
+            elif variant == "subscription async for+ack":
+                got = await consume_subscription_for(ns, "s", f"consume-{rnd}", n)
+            elif variant == "subscription read_batch+ack":
+                got = await consume_subscription_batch(ns, "s", f"consume-{rnd}", n)
             else:
                 got = await consume_subscription(ns, "s", f"consume-{rnd}", n)
             elapsed = time.perf_counter() - t0
@@ -332,11 +370,12 @@ async def part_consume(bk: Any, cluster: LocalCluster, args: argparse.Namespace,
     ratios = {v: median([r["records_per_s"] / b["records_per_s"]
                          for r, b in zip(rs, base, strict=True)])
               for v, rs in per.items() if v != "reader read_batch"}
-    sub = figures["subscription read_next+ack"]["records_per_s"]
+    sub = figures[TARGET_CONSUME_VARIANT]["records_per_s"]
     return {"records": n, "record_bytes": RECORD_BYTES, "entries": entries,
             "segments": len(info.segments), "write_records_per_s": n / write_s,
             "rounds": rows, "figures": figures, "ratio_to_read_batch": ratios,
-            "target": {"what": f"subscription >= {TARGET_CONSUME_RPS:,} records/s",
+            "target": {"what": f"subscription (async for + ack) >= {TARGET_CONSUME_RPS:,} "
+                               "records/s",
                        "measured": sub, "met": sub >= TARGET_CONSUME_RPS},
             "failures": bad, "profile": profile_text}
 

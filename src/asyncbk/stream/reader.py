@@ -258,13 +258,15 @@ class StreamReader:
         md, ns = ctx.md, ctx.namespace
         pause = Backoff(SEGMENT_POLL_S, SEGMENT_POLL_S_MAX)
         while True:
+            later = await md.segments(ns, name, from_seq=seq, limit=1)
+            if later and later[0].seq == seq:
+                return later[0]  # (it exists: not truncated; one read, the usual case)
             sm = await md.stream(ns, name)
             first = await md.segments(ns, name, limit=1)
             if first and seq < first[0].seq:
                 raise TruncatedError(
                     f"stream {ns}/{name}: segment {seq} was truncated; the stream now "
                     f"starts at {first[0].first_position}")
-            later = await md.segments(ns, name, from_seq=seq, limit=1)
             if later:
                 return later[0]
             if sm.ended:
@@ -344,8 +346,8 @@ async def position_of_time(ctx: StreamContext, segs: list[Segment], max_seq: int
                            timestamp_ms: int) -> Position:
     """The first record with a timestamp >= ``timestamp_ms`` (or, when there is none
     yet, where the next record will be): the segment by its time range (from its
-    metadata), then a binary search over its entries reading only their headers and
-    time columns, O(log entries) reads.  Exact, as a stream's times never decrease."""
+    metadata), then a search over its entries reading only their headers and time
+    columns, O(log entries) reads.  Exact, as a stream's times never decrease."""
     if not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool):
         raise TypeError(f"timestamp_ms must be an int (ms since the epoch), not "
                         f"{type(timestamp_ms).__name__}")
@@ -359,24 +361,46 @@ async def position_of_time(ctx: StreamContext, segs: list[Segment], max_seq: int
     last = target.last_entry if target.completed else rh.last_add_confirmed
     where = f"stream {ctx.namespace} segment {target.seq}"
     floor = target.ts_floor_ms
+    read: dict[int, bytes] = {}
 
-    async def bounds_at(entry_id: int) -> tuple[int, int]:
-        data = (await rh.read_unconfirmed(entry_id, entry_id))[0].data
-        count, _first, last_ts = timestamp_bounds(data, f"{where} entry {entry_id}",
-                                                  target.ctime_ms)
-        return count, max(last_ts, floor)
+    async def bounds_at(entry_id: int) -> tuple[int, int, int]:
+        data = read[entry_id] = (await rh.read_unconfirmed(entry_id, entry_id))[0].data
+        count, first_ts, last_ts = timestamp_bounds(data, f"{where} entry {entry_id}",
+                                                    target.ctime_ms)
+        return count, max(first_ts, floor), max(last_ts, floor)
 
-    lo, hi = 0, last + 1  # the first entry whose last time >= timestamp_ms is in [lo, hi]
+    # The first entry whose last time >= timestamp_ms is in [lo, hi].  Probes alternate
+    # between interpolating on the times known at lo and hi (streams written at a
+    # steady rate find it in one or two reads) and halving (so never more than
+    # 2 log2(entries) reads, whatever the times).
+    lo, hi = 0, last + 1
+    t_lo = target.first_ts if target.completed else -1  # a time at or before entry lo
+    t_hi = target.last_ts if target.completed else -1   # the last time of entry hi - 1
+    found = -1
+    step = 0
     while lo < hi:
         mid = (lo + hi) // 2
-        count, last_ts = await bounds_at(mid)
+        if step % 2 == 0 and 0 <= t_lo < timestamp_ms <= t_hi and t_hi > t_lo:
+            guess = lo + (timestamp_ms - t_lo) * (hi - lo) // (t_hi - t_lo + 1)
+            mid = min(max(guess, lo), hi - 1)
+        step += 1
+        count, first_ts, last_ts = await bounds_at(mid)
+        if count and first_ts < timestamp_ms <= last_ts:
+            found = mid  # it is in this entry
+            break
         if not count or last_ts >= timestamp_ms:
             hi = mid
+            t_hi = first_ts if count else t_hi
         else:
             lo = mid + 1
-    if lo > last:
+            t_lo = last_ts
+    if found < 0:
+        found = lo
+    if found > last:
         return Position(target.seq, last + 1, 0)
-    data = (await rh.read_unconfirmed(lo, lo))[0].data
-    b = decode_entry(target, data, f"{where} entry {lo}")
+    data = read.get(found)
+    if data is None:
+        data = (await rh.read_unconfirmed(found, found))[0].data
+    b = decode_entry(target, data, f"{where} entry {found}")
     slot = next((i for i, t in enumerate(b.timestamps) if t >= timestamp_ms), 0)
-    return Position(target.seq, lo, slot)
+    return Position(target.seq, found, slot)

@@ -225,10 +225,29 @@ class Subscription:
         return self
 
     async def __anext__(self) -> StreamRecord:
-        try:
-            return await self.read_next()
-        except EndOfStreamError:
-            raise StopAsyncIteration from None
+        state = self._state
+        if state.fenced:
+            raise SubscriptionFencedError(state.why_fenced)
+        rec = self._reader.take_ready()
+        if rec is None:
+            try:
+                rec = await self._reader.read_next()
+            except EndOfStreamError:
+                raise StopAsyncIteration from None
+        state.delivered(rec.position)
+        return rec
+
+    async def read_batch(self, n: int, wait_s: float) -> list[StreamRecord]:
+        """Up to ``n`` records: those ready now, else the first to come within
+        ``wait_s`` seconds (``[]`` if none came); each is delivered, to be acked."""
+        state = self._state
+        if state.fenced:
+            raise SubscriptionFencedError(state.why_fenced)
+        recs = await self._reader.read_batch(n, wait_s)
+        delivered = state.delivered
+        for rec in recs:
+            delivered(rec.position)
+        return recs
 
     async def read_next(self) -> StreamRecord:
         """The next record (waiting for it); SubscriptionFencedError once fenced."""
