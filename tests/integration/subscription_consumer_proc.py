@@ -25,8 +25,8 @@ import uvloop
 import asyncbk
 from asyncbk.errors import SubscriptionFencedError
 
-PAUSE_EVERY = 7
-PAUSE_S = 0.002
+PAUSE_EVERY = 5
+PAUSE_S = 0.005
 
 
 def say(line: str) -> None:

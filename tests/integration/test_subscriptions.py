@@ -423,7 +423,7 @@ async def test_a_sigkilled_consumer_gets_every_record_at_least_once(cluster: Loc
     a record is delivered twice only if it came after the last persisted ack."""
     ns = await namespace(cluster, rolling_entries=400, subscription_ack_interval_s=0.05)
     await ns.create_stream("s")
-    total = 3_000
+    total = 4_000
     async with await ns.open_writer("s") as w:
         written = []
         for start in range(0, total, 100):
