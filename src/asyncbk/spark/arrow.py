@@ -11,16 +11,21 @@ compare them).
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..stream.codec import EXTRAS, HEADER_BYTES, VERSION, VERSION_1, Header, decode
+from ..stream.codec import (
+    EXTRAS,
+    HEADER_BYTES,
+    V1_HEADER,
+    V1_RECORD,
+    VERSION,
+    VERSION_1,
+    Header,
+    decode,
+)
 
-_V1_HEADER = struct.Struct(">BBIQ")
-_V1_RECORD = struct.Struct(">QI")
 SCHEMA = pa.schema([("stream", pa.string()), ("position", pa.string()),
                     ("txid", pa.int64()), ("data", pa.binary())])
 _slots = pa.array([str(i) for i in range(4096)], pa.string())
@@ -91,20 +96,20 @@ def entry_columns(payload: bytes, where: str, lo: int, hi: int | None) -> tuple[
         got = _v2_columns(payload, where, lo, hi)
         if got is not None:
             return got
-    elif len(payload) >= _V1_HEADER.size + _V1_RECORD.size:
-        version, _flags, count, _before = _V1_HEADER.unpack_from(payload, 0)
-        _txid, length = _V1_RECORD.unpack_from(payload, _V1_HEADER.size)
-        stride = _V1_RECORD.size + length
+    elif len(payload) >= V1_HEADER.size + V1_RECORD.size:
+        version, _flags, count, _before = V1_HEADER.unpack_from(payload, 0)
+        _txid, length = V1_RECORD.unpack_from(payload, V1_HEADER.size)
+        stride = V1_RECORD.size + length
         if version == VERSION_1 and count and \
-                len(payload) == _V1_HEADER.size + count * stride:
+                len(payload) == V1_HEADER.size + count * stride:
             rows = np.frombuffer(payload, np.uint8, count * stride,
-                                 _V1_HEADER.size).reshape(count, stride)
+                                 V1_HEADER.size).reshape(count, stride)
             if (rows[:, 8:12].copy().view(">u4").ravel() == length).all():
                 lo, top = _clip(count, lo, hi)
                 part = rows[lo:top]
                 n = top - lo
                 txids = part[:, :8].copy().view(">u8").ravel().astype(np.int64)
-                data = np.ascontiguousarray(part[:, _V1_RECORD.size:])
+                data = np.ascontiguousarray(part[:, V1_RECORD.size:])
                 offsets = np.arange(0, (n + 1) * length, length, dtype=np.int32) \
                     if length else np.zeros(n + 1, np.int32)
                 datas = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),

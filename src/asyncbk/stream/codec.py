@@ -40,7 +40,6 @@ from __future__ import annotations
 import itertools
 import struct
 from collections.abc import Sequence
-from typing import Any
 
 import msgpack
 
@@ -71,8 +70,10 @@ TIMESTAMP_MS_MAX = (1 << 48) - 1
 _MASK48 = TIMESTAMP_MS_MAX
 _MASK40 = RECORDS_BEFORE_MAX
 
-_V1_HEADER = struct.Struct(">BBIQ")
-_V1_RECORD = struct.Struct(">QI")
+V1_HEADER = struct.Struct(">BBIQ")
+"""Record format 1's entry header: version, flags, count, records_before."""
+V1_RECORD = struct.Struct(">QI")
+"""Record format 1's record header: txid, length."""
 
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
@@ -295,17 +296,17 @@ def _decode_v2(payload: bytes, where: str) -> Batch:
 
 def _decode_v1(payload: bytes, where: str, timestamp_ms: int) -> Batch:
     n = len(payload)
-    if n < _V1_HEADER.size:
+    if n < V1_HEADER.size:
         raise CorruptRecordError(f"{where}: {n} bytes, shorter than a record batch header")
-    _version, flags, count, before = _V1_HEADER.unpack_from(payload, 0)
+    _version, flags, count, before = V1_HEADER.unpack_from(payload, 0)
     txids: list[int] = []
     datas: list[bytes] = []
-    off = _V1_HEADER.size
-    unpack = _V1_RECORD.unpack_from
+    off = V1_HEADER.size
+    unpack = V1_RECORD.unpack_from
     try:
         for _ in range(count):
             txid, length = unpack(payload, off)
-            off += _V1_RECORD.size
+            off += V1_RECORD.size
             end = off + length
             if end > n:
                 raise struct.error("record runs past the entry")
@@ -324,9 +325,9 @@ def _decode_v1(payload: bytes, where: str, timestamp_ms: int) -> Batch:
 def encode_v1(records_before: int, txids: Sequence[int], datas: Sequence[bytes],
               flags: int = 0) -> bytes:
     """A version-1 entry (what older asyncbk wrote), for tests of reading them."""
-    parts = [_V1_HEADER.pack(VERSION_1, flags, len(datas), records_before)]
+    parts = [V1_HEADER.pack(VERSION_1, flags, len(datas), records_before)]
     for txid, data in zip(txids, datas, strict=True):
-        parts.append(_V1_RECORD.pack(txid, len(data)))
+        parts.append(V1_RECORD.pack(txid, len(data)))
         parts.append(data)
     return b"".join(parts)
 
@@ -349,14 +350,3 @@ def timestamp_bounds(payload: bytes, where: str, v1_timestamp_ms: int) -> tuple[
     except struct.error:
         raise CorruptRecordError(f"{where}: truncated record batch") from None
     return h.count, h.base_timestamp_ms, value if ts_mode == 3 else h.base_timestamp_ms + value
-
-
-def describe(payload: bytes) -> dict[str, Any]:
-    """The header fields of an entry, for tools."""
-    if payload[:1] == bytes([VERSION]):
-        h = Header(payload, "entry")
-        return {"version": VERSION, "flags": h.flags, "count": h.count,
-                "records_before": h.records_before, "base_txid": h.base_txid,
-                "base_timestamp_ms": h.base_timestamp_ms}
-    version, flags, count, before = _V1_HEADER.unpack_from(payload, 0)
-    return {"version": version, "flags": flags, "count": count, "records_before": before}

@@ -281,10 +281,7 @@ class Subscription:
             with contextlib.suppress(SubscriptionFencedError):
                 await self._persist()
         finally:
-            await self._reader.close()
-            ref = _LIVE.get(self._live_key)
-            if ref is not None and ref() is self:
-                del _LIVE[self._live_key]
+            await self._stop_reading()
 
     async def abort(self) -> None:
         """Stop without persisting anything more (what a crash does): a new consumer
@@ -295,6 +292,10 @@ class Subscription:
         self._state.fence("aborted")
         self._task.cancel()
         await asyncio.wait([self._task])
+        await self._stop_reading()
+
+    async def _stop_reading(self) -> None:
+        """Close the reader and leave this process's consumers."""
         await self._reader.close()
         ref = _LIVE.get(self._live_key)
         if ref is not None and ref() is self:
