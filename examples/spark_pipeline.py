@@ -189,6 +189,12 @@ def start_queries(spark: Any, args: argparse.Namespace, producer: Producer,
                   checkpoints: str, printer: Printer) -> list[Any]:
     from pyspark.sql import functions as F
 
+    from asyncbk.spark import activate_session
+
+    # Writes find format("asyncbk") through the calling thread's active session: this
+    # makes starting the queries safe from any thread (asyncio.to_thread, a pool).
+    activate_session(spark)
+
     def source(stream: str, first_txid: int) -> Any:
         return (spark.readStream.format("asyncbk")
                 .option("metadataUri", args.metadata_uri)

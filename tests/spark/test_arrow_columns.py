@@ -4,6 +4,7 @@ one length) and the general path give exactly what the stream codec decodes."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -17,18 +18,50 @@ from asyncbk.stream import codec
 from asyncbk.types import LedgerEntry
 
 
-@given(st.lists(st.binary(max_size=40), min_size=1, max_size=60), st.booleans(),
+_extras = st.one_of(st.none(), st.tuples(
+    st.one_of(st.none(), st.binary(max_size=8)),
+    st.dictionaries(st.text(max_size=4), st.binary(max_size=6), max_size=3)))
+
+
+@given(st.lists(st.tuples(st.binary(max_size=40), _extras, st.integers(0, 1 << 34)),
+                min_size=1, max_size=60),
+       st.booleans(), st.sampled_from(["same", "steps", "wide"]), st.booleans(),
        st.integers(0, 70), st.one_of(st.none(), st.integers(0, 70)))
-def test_columns_equal_the_codec(datas: list[bytes], same_length: bool, lo: int,
-                                 hi: int | None) -> None:
+def test_columns_equal_the_codec(records: list[tuple[bytes, Any, int]], same_length: bool,
+                                 times: str, v1: bool, lo: int, hi: int | None) -> None:
+    """Both formats, every txid and time column kind, with and without keys and headers:
+    the Arrow columns are what the codec decodes, clipped to ``[lo, hi)``."""
+    datas = [d for d, _, _ in records]
     if same_length:
         datas = [d.ljust(12, b"-")[:12] for d in datas]
     txids = sorted(random.Random(len(datas)).randrange(1 << 40) for _ in datas)
-    payload = codec.encode(9, txids, datas)
-    t, d, a, b = arrow.entry_columns(payload, "e", lo, hi)
+    base = 1_700_000_000_000
+    stamps = {"same": [base] * len(datas),
+              "steps": [base + i * 7 for i in range(len(datas))],
+              "wide": [base + sum(r[2] for r in records[:i + 1]) for i in range(len(datas))]
+              }[times]
+    extras = [codec.pack_extras(*e) if e else b"" for _, e, _ in records]
+    if v1:
+        payload = codec.encode_v1(9, txids, datas)
+    else:
+        payload = codec.encode(9, txids, datas, stamps, extras)
+    got = arrow.entry_columns(payload, "e", lo, hi, v1_ts_ms=42)
+    want = codec.decode(payload, "e", 42)
     top = len(datas) if hi is None else min(hi, len(datas))
-    assert (a, b) == (min(lo, top), top)
-    assert t.to_pylist() == txids[a:b] and d.to_pylist() == datas[a:b]
+    a, b = min(lo, top), top
+    assert (got.lo, got.hi) == (a, b)
+    assert got.txids.to_pylist() == txids[a:b] and got.datas.to_pylist() == datas[a:b]
+    assert got.times_ms.tolist() == list(want.timestamps[a:b])
+    if v1 or not any(extras):
+        assert got.extras is None
+    else:
+        assert got.extras == extras[a:b]
+    batch = arrow.stream_batch("s", 3, [arrow.Piece(0, got, "e")], include_headers=True)
+    rows = batch.to_pylist()
+    assert [r["key"] for r in rows] == [want.extras_of(i)[0] for i in range(a, b)]
+    assert [dict(r["headers"]) for r in rows] == [want.extras_of(i)[1] for i in range(a, b)]
+    assert [int(r["timestamp"].timestamp() * 1000) for r in rows] == list(want.timestamps[a:b])
+    assert batch.schema == arrow.schema(True)
 
 
 def test_corrupt_entries_are_refused_on_both_paths() -> None:

@@ -31,7 +31,8 @@ from .conftest import ClusterThread
 pytestmark = pytest.mark.spark
 
 SHAPE = {"ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2}
-READ_SCHEMA = "struct<stream:string,position:string,txid:bigint,data:binary>"
+READ_SCHEMA = ("struct<stream:string,position:string,txid:bigint,data:binary,key:binary,"
+               "timestamp:timestamp>")
 LEDGER_SCHEMA = "struct<ledger_id:bigint,entry_id:bigint,data:binary>"
 
 

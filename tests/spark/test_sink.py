@@ -111,8 +111,8 @@ def ledger_exists(sc: ClusterThread, ledger_id: int) -> bool:
 
 def staged(msgs: list[Any]) -> list[int]:
     """The ledger ids staged by the tasks (AsyncbkCommitMessage.staged: a StagedLedger
-    as a dict; None for a task without rows)."""
-    return [m.staged["ledger_id"] for m in msgs if m.staged is not None]
+    as a dict per stream written; empty for a task without rows)."""
+    return [s["ledger_id"] for m in msgs for s in m.staged.values()]
 
 
 def segment_ledgers(sc: ClusterThread, ns: str, stream: str) -> list[int]:

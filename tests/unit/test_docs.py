@@ -145,13 +145,14 @@ def test_spark_doc_option_table_matches_the_known_options() -> None:
 
 def test_spark_doc_names_the_schemas_defaults_and_limits() -> None:
     pytest.importorskip("pyspark", reason="the spark extra is not installed")
-    from asyncbk.spark import LEDGER_SCHEMA, STREAM_SCHEMA
+    from asyncbk.spark import LEDGER_SCHEMA, STREAM_SCHEMA, STREAM_SCHEMA_WITH_HEADERS
     from asyncbk.spark.options import MAX_RECORDS_PER_PARTITION, OPERATION_TIMEOUT_S
     from asyncbk.stream.adopt import ADOPT_LEDGERS_MAX
 
     text = (DOCS / "spark.md").read_text()
     schemas = {r[1] for r in table(text, "| read of | schema |")}
-    assert schemas == {f"`{STREAM_SCHEMA}`", f"`{LEDGER_SCHEMA}`"}
+    assert schemas == {f"`{STREAM_SCHEMA}`", f"`{STREAM_SCHEMA_WITH_HEADERS}`",
+                       f"`{LEDGER_SCHEMA}`"}
     defaults = {name(r[0]): r[2] for r in table(text, "| option | applies to |")}
     assert defaults["maxRecordsPerPartition"] == f"`{MAX_RECORDS_PER_PARTITION}`"
     assert defaults["operationTimeoutS"] == f"`{OPERATION_TIMEOUT_S:g}`"

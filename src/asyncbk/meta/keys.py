@@ -26,6 +26,9 @@ Every key lives under the root prefix of the metadata URI
                                        asyncbk.stream.meta); a range lists them in order
     <root>/streams/sink/<namespace>/<stream>/<sink id>
                                        the last batch a Spark sink committed to the stream
+    <root>/streams/batch/<namespace>/<sink id>
+                                       the last batch a Spark sink committed to the
+                                       namespace's streams (one transaction each)
     <root>/streams/staging/<namespace>/<stream>/<ledger id>
                                        a ledger a Spark task wrote for the stream, not
                                        (yet) adopted as a segment
@@ -172,6 +175,11 @@ def sink(root: str, namespace: str, name: str, sink_id: str) -> str:
     return f"{sinks_prefix(root, namespace, name)}{_quote(sink_id)}"
 
 
+def batch_mark(root: str, namespace: str, sink_id: str) -> str:
+    """The last batch a Spark sink committed to streams of ``namespace``."""
+    return f"{root}/streams/batch/{_quote(namespace)}/{_quote(sink_id)}"
+
+
 def subscriptions_prefix(root: str, namespace: str, name: str) -> str:
     """The subscriptions (durable cursors) of a stream."""
     return f"{root}/streams/sub/{_quote(namespace)}/{_quote(name)}/"
@@ -188,6 +196,17 @@ def subscription_from_key(root: str, namespace: str, name: str, key: str) -> str
 def staging_prefix(root: str, namespace: str, name: str) -> str:
     """Ledgers written for a stream by Spark tasks, not (yet) part of it."""
     return f"{root}/streams/staging/{_quote(namespace)}/{_quote(name)}/"
+
+
+def namespace_staging_prefix(root: str, namespace: str) -> str:
+    """Ledgers written for any stream of ``namespace`` by Spark tasks."""
+    return f"{root}/streams/staging/{_quote(namespace)}/"
+
+
+def staging_key_parts(root: str, namespace: str, key: str) -> tuple[str, int]:
+    """``(stream, ledger id)`` of a key under :func:`namespace_staging_prefix`."""
+    stream, ledger_id = key[len(namespace_staging_prefix(root, namespace)):].split("/", 1)
+    return urllib.parse.unquote(stream), int(ledger_id)
 
 
 def staging(root: str, namespace: str, name: str, ledger_id: int) -> str:

@@ -16,12 +16,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .session import local_session
+    from .session import activate_session, local_session
     from .sink import AsyncbkCommitMessage
-    from .source import LEDGER_SCHEMA, STREAM_SCHEMA, AsyncbkDataSource, AsyncbkPartition
+    from .source import (
+        LEDGER_SCHEMA,
+        STREAM_SCHEMA,
+        STREAM_SCHEMA_WITH_HEADERS,
+        AsyncbkDataSource,
+        AsyncbkPartition,
+    )
 
-__all__ = ["LEDGER_SCHEMA", "STREAM_SCHEMA", "AsyncbkCommitMessage", "AsyncbkDataSource",
-           "AsyncbkPartition", "local_session"]
+__all__ = ["LEDGER_SCHEMA", "STREAM_SCHEMA", "STREAM_SCHEMA_WITH_HEADERS", "AsyncbkCommitMessage",
+           "AsyncbkDataSource", "AsyncbkPartition", "activate_session", "local_session"]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,13 +37,20 @@ def __getattr__(name: str) -> Any:
         import pyspark  # noqa: F401
     except ImportError as exc:
         raise ImportError("asyncbk.spark needs PySpark 4: pip install 'asyncbk[spark]'") from exc
-    from .session import local_session
+    from .session import activate_session, local_session
     from .sink import AsyncbkCommitMessage
-    from .source import LEDGER_SCHEMA, STREAM_SCHEMA, AsyncbkDataSource, AsyncbkPartition
+    from .source import (
+        LEDGER_SCHEMA,
+        STREAM_SCHEMA,
+        STREAM_SCHEMA_WITH_HEADERS,
+        AsyncbkDataSource,
+        AsyncbkPartition,
+    )
 
     found = {"LEDGER_SCHEMA": LEDGER_SCHEMA, "STREAM_SCHEMA": STREAM_SCHEMA,
+             "STREAM_SCHEMA_WITH_HEADERS": STREAM_SCHEMA_WITH_HEADERS,
              "AsyncbkCommitMessage": AsyncbkCommitMessage,
              "AsyncbkDataSource": AsyncbkDataSource, "AsyncbkPartition": AsyncbkPartition,
-             "local_session": local_session}
+             "activate_session": activate_session, "local_session": local_session}
     globals().update(found)
     return found[name]

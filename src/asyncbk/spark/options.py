@@ -17,19 +17,26 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import InvalidNameError
+from ..stream.codec import TIMESTAMP_MS_MAX
 from ..stream.meta import check_namespace_name, check_stream_name
 from ..stream.position import Position
+from ..stream.subscription import check_subscription_name
 from .errors import SparkOptionError
 
 MAX_RECORDS_PER_PARTITION = 100_000
 OPERATION_TIMEOUT_S = 120.0
+MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
+"""``maxTriggerDelay``'s default, as in Spark's Kafka source (15 minutes)."""
 
 KNOWN = {
     "metadatauri", "namespace", "streams", "streamspattern", "ledgers", "startingpositions",
     "endingpositions", "failondataloss", "maxrecordspertrigger", "maxrecordsperpartition",
     "minpartitions", "stream", "sinkid", "batchid", "operationtimeouts", "path",
     "tlscafile", "tlscertfile", "tlskeyfile", "authtokenfile", "etcduser", "etcdpasswordfile",
-    "etcdtlscafile", "etcdtlscertfile", "etcdtlskeyfile",
+    "etcdtlscafile", "etcdtlscertfile", "etcdtlskeyfile", "includeheaders",
+    "startingtimestamp", "endingtimestamp", "startingpositionsbytimestamp",
+    "maxbytespertrigger", "minrecordspertrigger", "maxtriggerdelay", "subscription",
+    "createstreams",
 }
 SECURITY = {"tlscafile", "tlscertfile", "tlskeyfile", "authtokenfile", "etcduser",
             "etcdpasswordfile", "etcdtlscafile", "etcdtlscertfile", "etcdtlskeyfile"}
@@ -40,17 +47,21 @@ GLOB_CHARS = set("*?[")
 
 @dataclass(frozen=True)
 class StartSpec:
-    """Where one stream starts (or ends): ``earliest``, ``latest``, a position or a txid."""
+    """Where one stream starts (or ends): ``earliest``, ``latest``, a position, a txid,
+    or the first record at or after a time (``timestamp``, ms since the epoch)."""
 
-    kind: str  # "earliest" | "latest" | "position" | "txid"
+    kind: str  # "earliest" | "latest" | "position" | "txid" | "timestamp"
     position: Position | None = None
     txid: int | None = None
+    timestamp_ms: int | None = None
 
     def __str__(self) -> str:
         if self.kind == "position":
             return str(self.position)
         if self.kind == "txid":
             return f"txid {self.txid}"
+        if self.kind == "timestamp":
+            return f"time {self.timestamp_ms} ms"
         return self.kind
 
 
@@ -102,6 +113,12 @@ class ReadOptions(Credentials):
     max_records_per_partition: int = MAX_RECORDS_PER_PARTITION
     min_partitions: int | None = None
     timeout_s: float = OPERATION_TIMEOUT_S
+    include_headers: bool = False
+    max_bytes_per_trigger: int | None = None
+    min_records_per_trigger: int | None = None
+    max_trigger_delay_ms: int = MAX_TRIGGER_DELAY_MS
+    subscription: str | None = None
+    """Publish each committed batch's end offset as this subscription of every stream."""
 
     @property
     def over_ledgers(self) -> bool:
@@ -125,11 +142,14 @@ class ReadOptions(Credentials):
 class WriteOptions(Credentials):
     metadata_uri: str
     namespace: str
-    stream: str
+    stream: str | None
+    """Where rows go that have no ``stream`` column, or null in it."""
     sink_id: str | None = None
     batch_id: int | None = None
     """With ``sink_id``, makes a batch write idempotent (for ``foreachBatch``)."""
     timeout_s: float = OPERATION_TIMEOUT_S
+    create_streams: bool = False
+    """Create the streams a ``stream`` column names on first use."""
 
 
 def _get(options: Mapping[str, Any], name: str) -> str | None:
@@ -256,6 +276,65 @@ def _spec(value: Any, option: str, stream: str | None) -> StartSpec:
     return StartSpec("position", position=pos)
 
 
+def _timestamp(value: Any, where: str) -> int:
+    """A time in ms since the epoch, from an option's text or a JSON value."""
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise SparkOptionError(f"{where} must be a time in milliseconds since the epoch "
+                                   f"(an integer, e.g. 1767225600000), got {value!r}") from None
+    if not isinstance(value, int) or isinstance(value, bool) or \
+            not 0 <= value <= TIMESTAMP_MS_MAX:
+        raise SparkOptionError(f"{where} must be a time in milliseconds since the epoch "
+                               f"(an integer from 0 to {TIMESTAMP_MS_MAX}), got {value!r}")
+    return value
+
+
+def _time_spec(options: Mapping[str, Any], name: str) -> StartSpec | None:
+    text = _get(options, name)
+    if text is None or not text.strip():
+        return None
+    return StartSpec("timestamp", timestamp_ms=_timestamp(text, f"option {name}"))
+
+
+def _by_timestamp(options: Mapping[str, Any], name: str) -> dict[str, StartSpec]:
+    """``startingPositionsByTimestamp``: JSON ``{stream: ms}``."""
+    text = _get(options, name)
+    if text is None or not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SparkOptionError(f"option {name} is not valid JSON ({exc.msg} at character "
+                               f"{exc.pos}): expected {{\"STREAM\": MILLISECONDS, ...}}") from None
+    if not isinstance(value, dict) or not value:
+        raise SparkOptionError(f"option {name}: expected a JSON object mapping streams to times "
+                               "in ms since the epoch, e.g. {\"orders\": 1767225600000}")
+    return {str(k): StartSpec("timestamp", timestamp_ms=_timestamp(
+        v, f"option {name} for stream {str(k)!r}")) for k, v in value.items()}
+
+
+def _duration_ms(options: Mapping[str, Any], name: str, default: int) -> int:
+    """A duration as Spark writes them: ``500ms``, ``30s``, ``5m``, ``1h``, ``1d``, or a
+    number of milliseconds."""
+    text = _get(options, name)
+    if text is None or not text.strip():
+        return default
+    m = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|min|h|d)?\s*", text.lower())
+    if m is None:
+        raise SparkOptionError(f"option {name} must be a duration such as 500ms, 30s, 5m or "
+                               f"1h (a bare number is milliseconds), got {text!r}")
+    unit = {"ms": 1, None: 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
+            "d": 86_400_000}[m.group(2)]
+    return int(m.group(1)) * unit
+
+
+def include_headers(options: Mapping[str, Any]) -> bool:
+    """Whether a read's rows have a ``headers`` column (option ``includeHeaders``)."""
+    return _bool(options, "includeHeaders", False)
+
+
 def parse_positions(text: str | None, option: str, default: StartSpec) -> Positions:
     """``earliest``, ``latest`` or JSON ``{stream: position | "earliest" | "latest" |
     {"txid": N}}``."""
@@ -290,8 +369,11 @@ def read_options(options: Mapping[str, Any], streaming: bool) -> ReadOptions:
     what = "a streaming read" if streaming else "a batch read"
     allowed = {"metadatauri", "namespace", "streams", "streamspattern", "ledgers",
                "startingpositions", "failondataloss", "maxrecordsperpartition", "minpartitions",
-               "operationtimeouts", *SECURITY}
-    allowed |= {"maxrecordspertrigger"} if streaming else {"endingpositions"}
+               "operationtimeouts", "includeheaders", "startingtimestamp",
+               "startingpositionsbytimestamp", *SECURITY}
+    allowed |= {"maxrecordspertrigger", "maxbytespertrigger", "minrecordspertrigger",
+                "maxtriggerdelay", "subscription"} if streaming \
+        else {"endingpositions", "endingtimestamp"}
     _check_applies(options, allowed, what)
     uri = _metadata_uri(options)
     streams_opt, pattern, ledgers_opt = (_get(options, n) for n in
@@ -311,7 +393,8 @@ def read_options(options: Mapping[str, Any], streaming: bool) -> ReadOptions:
         if streaming:
             raise SparkOptionError("option ledgers is for batch reads; a streaming read "
                                    "follows streams (option streams or streamsPattern)")
-        for name in ("startingPositions", "endingPositions"):
+        for name in ("startingPositions", "endingPositions", "startingTimestamp",
+                     "endingTimestamp", "startingPositionsByTimestamp", "includeHeaders"):
             if _get(options, name) is not None:
                 raise SparkOptionError(f"option {name} applies to streams, not to ledgers")
         ids: list[int] = []
@@ -347,14 +430,43 @@ def read_options(options: Mapping[str, Any], streaming: bool) -> ReadOptions:
                                    f"{exc}") from None
     starting = parse_positions(_get(options, "startingPositions"), "startingPositions",
                                LATEST if streaming else EARLIEST)
+    # As in Spark's Kafka source: startingTimestamp takes precedence over
+    # startingPositionsByTimestamp, which takes precedence over startingPositions.
+    by_time = _by_timestamp(options, "startingPositionsByTimestamp")
+    if (at := _time_spec(options, "startingTimestamp")) is not None:
+        starting = Positions(at)
+    elif by_time:
+        starting = Positions(starting.default, {**starting.per_stream, **by_time})
     ending = parse_positions(_get(options, "endingPositions"), "endingPositions", LATEST)
+    if (until := _time_spec(options, "endingTimestamp")) is not None:
+        ending = Positions(until)
     if any(s.kind == "earliest" for s in [ending.default, *ending.per_stream.values()]):
         raise SparkOptionError("option endingPositions cannot be earliest: use latest, a "
                                "position or {\"txid\": N}")
+    min_records = _int(options, "minRecordsPerTrigger", 1)
+    if _get(options, "maxTriggerDelay") is not None and min_records is None:
+        raise SparkOptionError("option maxTriggerDelay applies with minRecordsPerTrigger (how "
+                               "long a trigger may wait for that many records): set both")
+    max_records = _int(options, "maxRecordsPerTrigger", 1)
+    if min_records is not None and max_records is not None and min_records > max_records:
+        raise SparkOptionError(f"option minRecordsPerTrigger ({min_records}) is above "
+                               f"maxRecordsPerTrigger ({max_records}): no trigger could "
+                               "satisfy both")
+    subscription = _get(options, "subscription")
+    if subscription is not None:
+        try:
+            subscription = check_subscription_name(subscription)
+        except InvalidNameError as exc:
+            raise SparkOptionError(f"option subscription: {exc}") from None
     ro = ReadOptions(uri, namespace, tuple(dict.fromkeys(names)), tuple(globs),
                      pattern.strip() if pattern and pattern.strip() else None, (), starting,
-                     ending, fail, _int(options, "maxRecordsPerTrigger", 1), per_partition,
-                     min_partitions, timeout_s, **_security(options))
+                     ending, fail, max_records, per_partition,
+                     min_partitions, timeout_s, include_headers=include_headers(options),
+                     max_bytes_per_trigger=_int(options, "maxBytesPerTrigger", 1),
+                     min_records_per_trigger=min_records,
+                     max_trigger_delay_ms=_duration_ms(options, "maxTriggerDelay",
+                                                       MAX_TRIGGER_DELAY_MS),
+                     subscription=subscription, **_security(options))
     for option, positions in (("startingPositions", starting), ("endingPositions", ending)):
         for stream in positions.per_stream:
             if not ro.selects(stream):
@@ -367,18 +479,19 @@ def read_options(options: Mapping[str, Any], streaming: bool) -> ReadOptions:
 def write_options(options: Mapping[str, Any], streaming: bool) -> WriteOptions:
     what = "a streaming write" if streaming else "a batch write"
     _check_applies(options, {"metadatauri", "namespace", "stream", "sinkid",
-                             "operationtimeouts", *SECURITY}
+                             "operationtimeouts", "createstreams", *SECURITY}
                    | (set() if streaming else {"batchid"}), what)
     uri = _metadata_uri(options)
     namespace = _namespace(options, "to write")
     stream = _get(options, "stream") or _get(options, "path")
-    if not stream or not stream.strip():
-        raise SparkOptionError("option stream is required to write: the stream to append to "
-                               "(created if absent), e.g. .option(\"stream\", \"out\")")
-    try:
-        check_stream_name(stream.strip())
-    except InvalidNameError as exc:
-        raise SparkOptionError(f"option stream: {exc}") from None
+    if stream is not None and stream.strip():
+        stream = stream.strip()
+        try:
+            check_stream_name(stream)
+        except InvalidNameError as exc:
+            raise SparkOptionError(f"option stream: {exc}") from None
+    else:
+        stream = None
     sink_id = _get(options, "sinkId")
     if sink_id is not None and not sink_id.strip():
         raise SparkOptionError("option sinkId cannot be empty")
@@ -386,5 +499,11 @@ def write_options(options: Mapping[str, Any], streaming: bool) -> WriteOptions:
     if batch_id is not None and not sink_id:
         raise SparkOptionError("option batchId needs the option sinkId: a batch is recorded "
                                "as written under the sink's id")
-    return WriteOptions(uri, namespace, stream.strip(), sink_id.strip() if sink_id else None,
-                        batch_id, _timeout(options), **_security(options))
+    return WriteOptions(uri, namespace, stream, sink_id.strip() if sink_id else None,
+                        batch_id, _timeout(options), _bool(options, "createStreams", False),
+                        **_security(options))
+
+
+NO_STREAM = ("option stream is required to write: the stream to append to (created if "
+             "absent), e.g. .option(\"stream\", \"out\"); or give the DataFrame a stream "
+             "column naming each row's stream")

@@ -44,6 +44,10 @@ class Slice:
     first_slot: int
     last_entry: int
     end_slot: int | None
+    v1_ts_ms: int = 0
+    """The time of the segment's format-1 records (its creation time)."""
+    ts_floor_ms: int = 0
+    """Records' times below it read as it (an adopted segment's floor)."""
 
     def keeps(self, entry: int, slot: int) -> bool:
         if entry == self.first_entry and slot < self.first_slot:
@@ -79,6 +83,8 @@ class StreamIndex:
         self.from_seq = from_seq
         self._handles: dict[int, ReadHandle] = {}
         self._headers: dict[tuple[int, int], tuple[int, int]] = {}
+        self._record_bytes: dict[int, float] = {}
+        """Average record size (with its entry overhead) of an entry read, by ledger."""
         self._ends: dict[int, tuple[int, int]] = {}
 
     @classmethod
@@ -118,6 +124,8 @@ class StreamIndex:
             batch = decode(data, f"stream {self.namespace}/{self.stream} segment "
                                  f"{seg.seq} entry {entry}")
             got = (batch.records_before, batch.count)
+            if batch.count:
+                self._record_bytes[seg.ledger_id] = len(data) / batch.count
             if len(self._headers) >= HEADER_CACHE_MAX:
                 self._headers.clear()
             self._headers[key] = got
@@ -236,6 +244,22 @@ class StreamIndex:
             return Position(seg.seq, lo, r - before)
         return await self.end_position()
 
+    async def bytes_between(self, first: int, stop: int) -> float:
+        """About how many bytes records ``first..stop-1`` take: exact per completed
+        segment on average, an open segment's by the size of its last entry's records."""
+        total = 0.0
+        for seg in self.segments:
+            _, records = await self.segment_end(seg)
+            lo = max(first, seg.start_sequence)
+            hi = min(stop, seg.start_sequence + records)
+            if hi <= lo:
+                continue
+            if seg.completed and seg.records:
+                total += seg.size_bytes * (hi - lo) / seg.records
+            else:
+                total += self._record_bytes.get(seg.ledger_id, 0.0) * (hi - lo)
+        return total
+
     # ---------------------------------------------------------------- slices
 
     async def slices(self, start: Position, end: Position) -> list[Slice]:
@@ -259,7 +283,7 @@ class StreamIndex:
                                              and end_slot <= first_slot):
                 continue
             out.append(Slice(seg.seq, seg.ledger_id, first_entry, first_slot, stop_entry,
-                             end_slot))
+                             end_slot, seg.ctime_ms, seg.ts_floor_ms))
         return out
 
     async def parts(self, start: Position, end: Position, max_records: int) -> list[Part]:

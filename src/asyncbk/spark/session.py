@@ -41,3 +41,21 @@ def local_session(app_name: str = "asyncbk", master: str = "local[2]",
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(AsyncbkDataSource)
     return spark
+
+
+def activate_session(spark: Any) -> Any:
+    """Make ``spark`` the active session of the calling thread's JVM side; returns it.
+
+    Spark looks up a Python data source for a *write* (``df.write.format("asyncbk")``,
+    ``writeStream.format("asyncbk")``) through the JVM thread's active session.  A
+    Python thread other than the one that built the session (``asyncio.to_thread``, a
+    thread pool, a web handler) talks to a JVM thread that has none, and the write
+    fails with ``[DATA_SOURCE_NOT_FOUND] Failed to find the data source:
+    asyncbk.DefaultSource`` while reads in that thread work.  Call this first in such
+    a thread (``SparkSession.builder.getOrCreate()`` there does not help).  A Spark
+    Connect session has no JVM here and needs nothing: it is returned as it is."""
+    jvm = getattr(spark, "_jvm", None)
+    jsession = getattr(spark, "_jsparkSession", None)
+    if jvm is not None and jsession is not None:
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
+    return spark

@@ -15,7 +15,9 @@ they are used and never pickled.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -33,36 +35,40 @@ try:  # Spark 4.2+: admission control and Trigger.AvailableNow
     from pyspark.sql.streaming.datasource import (
         ReadAllAvailable,
         ReadLimit,
+        ReadMaxBytes,
         ReadMaxRows,
+        ReadMinRows,
         SupportsTriggerAvailableNow,
     )
 except ImportError:  # pragma: no cover - Spark 4.0/4.1
     ReadAllAvailable = ReadLimit = ReadMaxRows = None  # type: ignore[assignment,misc]
+    ReadMaxBytes = ReadMinRows = None  # type: ignore[assignment,misc]
 
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         pass
 
 from ..client.client import BookKeeper
-from ..errors import NoSuchLedgerError, NoSuchStreamError, TruncatedError
+from ..errors import BKError, NoSuchLedgerError, NoSuchStreamError, TruncatedError
 from ..log import get_logger
 from ..stream.context import StreamContext
 from ..stream.position import Position
 from ..stream.reader import resolve_start
-from .arrow import entry_columns, stream_batch
+from ..stream.subscription import mirror
+from .arrow import Piece, entry_columns, stream_batch
 from .errors import DataLossError, SparkOptionError
-from .options import ReadOptions, StartSpec, read_options, write_options
+from .options import ReadOptions, StartSpec, include_headers, read_options, write_options
 from .plan import Part, Slice, StreamIndex, canonical, partition_bound, split_limit
 from .runtime import LoopThread, TaskLoop, context_of, run_once
 from .sink import BatchWriter, MicroBatchWriter, row_layout
 
-STREAM_SCHEMA = "stream string, position string, txid long, data binary"
+STREAM_SCHEMA = ("stream string, position string, txid long, data binary, key binary, "
+                 "timestamp timestamp")
+STREAM_SCHEMA_WITH_HEADERS = STREAM_SCHEMA + ", headers map<string,binary>"
 LEDGER_SCHEMA = "ledger_id long, entry_id long, data binary"
 READ_WINDOW_ENTRIES = 64
 """Entries one read request of a task asks for; the next window is read meanwhile."""
 WRITE_CHUNK_ROWS = 2048
 
-_STREAM_ARROW = pa.schema([("stream", pa.string()), ("position", pa.string()),
-                           ("txid", pa.int64()), ("data", pa.binary())])
 _LEDGER_ARROW = pa.schema([("ledger_id", pa.int64()), ("entry_id", pa.int64()),
                            ("data", pa.binary())])
 
@@ -87,7 +93,9 @@ class AsyncbkDataSource(DataSource):
 
     def schema(self) -> str:
         ledgers = next((v for k, v in self.options.items() if str(k).lower() == "ledgers"), None)
-        return LEDGER_SCHEMA if ledgers else STREAM_SCHEMA
+        if ledgers:
+            return LEDGER_SCHEMA
+        return STREAM_SCHEMA_WITH_HEADERS if include_headers(self.options) else STREAM_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = read_options(self.options, streaming=False)
@@ -161,6 +169,9 @@ async def _resolve(idx: StreamIndex, spec: StartSpec, opts: ReadOptions,
     if spec.kind == "txid":
         assert spec.txid is not None
         return await resolve_start(idx.ctx, idx.stream, None, spec.txid)
+    if spec.kind == "timestamp":  # the stream layer's time seek; past the end: the end
+        assert spec.timestamp_ms is not None
+        return await resolve_start(idx.ctx, idx.stream, None, None, spec.timestamp_ms)
     assert spec.position is not None
     if idx.truncated(spec.position):
         _data_loss(opts, idx.namespace, idx.stream,
@@ -240,24 +251,24 @@ async def _read_slices(bk: BookKeeper, namespace: str, part: Part,
                 pending = (asyncio.ensure_future(rh.read_unconfirmed(*windows[i + 1]))
                            if i + 1 < len(windows) else None)
                 entries = await current
-                yield _stream_batch(stream, namespace, sl, entries)
+                yield _stream_batch(stream, namespace, sl, entries, opts.include_headers)
         finally:
             if pending is not None:
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
 
 
-def _stream_batch(stream: str, namespace: str, sl: Slice, entries: list[Any]) -> pa.RecordBatch:
+def _stream_batch(stream: str, namespace: str, sl: Slice, entries: list[Any],
+                  include_headers: bool = False) -> pa.RecordBatch:
     """The records of ``entries`` (of slice ``sl``) that the slice keeps."""
     pieces = []
     for entry in entries:
         eid = entry.entry_id
         lo = sl.first_slot if eid == sl.first_entry else 0
         hi = sl.end_slot if eid == sl.last_entry and sl.end_slot is not None else None
-        txids, datas, lo, hi = entry_columns(
-            entry.data, f"stream {namespace}/{stream} segment {sl.segment} entry {eid}", lo, hi)
-        pieces.append((eid, txids, datas, lo, hi))
-    return stream_batch(stream, sl.segment, pieces)
+        where = f"stream {namespace}/{stream} segment {sl.segment} entry {eid}"
+        pieces.append(Piece(eid, entry_columns(entry.data, where, lo, hi, sl.v1_ts_ms), where))
+    return stream_batch(stream, sl.segment, pieces, include_headers, sl.ts_floor_ms)
 
 
 def _read_partition(opts: ReadOptions, partition: AsyncbkPartition) -> Iterator[pa.RecordBatch]:
@@ -338,6 +349,41 @@ class LedgerBatchReader(DataSourceReader):
 # ---------------------------------------------------------------------- streaming reads
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Admission control of one trigger (``maxRecordsPerTrigger``,
+    ``maxBytesPerTrigger``, ``minRecordsPerTrigger`` with ``maxTriggerDelay``)."""
+
+    max_rows: int | None
+    max_bytes: int | None
+    min_rows: int | None
+    max_delay_ms: int
+
+    @property
+    def any(self) -> bool:
+        return bool(self.max_rows or self.max_bytes or self.min_rows)
+
+
+async def _caps(backlog: dict[str, tuple[StreamIndex, int, int]], limits: Limits
+                ) -> dict[str, int]:
+    """Records each stream may add to the batch: shares of ``max_rows`` by records and
+    of ``max_bytes`` by bytes (each stream at least one record), the smaller of both."""
+    waiting = {n: stop - first for n, (_, first, stop) in backlog.items()}
+    caps = dict(waiting)
+    if limits.max_rows:
+        caps = split_limit(waiting, limits.max_rows)
+    if limits.max_bytes:
+        sizes = {n: await idx.bytes_between(first, stop)
+                 for n, (idx, first, stop) in backlog.items()}
+        shares = split_limit({n: max(1, round(b)) for n, b in sizes.items()}, limits.max_bytes)
+        for n, share in shares.items():
+            per_record = sizes[n] / waiting[n] if sizes[n] > 0 else 0.0
+            fit = waiting[n] if per_record <= 0 else max(1, int(share // per_record))
+            caps[n] = min(caps[n], fit)
+    return caps
+
+
+
 class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Structured Streaming over streams.  Offsets: ``{stream: next position}``."""
 
@@ -347,6 +393,8 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._target: dict[str, str] | None = None
         self._last_end: dict[str, str] | None = None
         self._available: dict[str, str] | None = None
+        self._published: dict[str, str] | None = None
+        self._last_trigger_s = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -373,7 +421,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return self._run(initial)
 
     async def _latest(self, bk: BookKeeper, start: dict[str, str] | None,
-                      max_rows: int | None) -> dict[str, str]:
+                      limits: Limits | None) -> dict[str, str]:
         ctx = await context_of(bk, self.opts.namespace)
         names = set(await _selected(ctx, self.opts, strict=False))
         start = dict(start or {})
@@ -406,31 +454,58 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 continue
             out[name] = str(end)
             backlog[name] = (idx, first, stop)
-        if max_rows is not None and backlog:
-            shares = split_limit({n: b[2] - b[1] for n, b in backlog.items()}, max_rows)
-            for name, (idx, first, stop) in backlog.items():
-                if shares[name] < stop - first:
-                    out[name] = str(await idx.position_of(first + shares[name]))
         self._available = canonical(available)
+        if limits is not None and backlog:
+            waiting = sum(stop - first for _, first, stop in backlog.values())
+            now = time.monotonic()
+            if limits.min_rows and waiting < limits.min_rows and self._target is None \
+                    and (now - self._last_trigger_s) * 1000 < limits.max_delay_ms:
+                return canonical(start)  # too few records, and the delay has not passed
+            self._last_trigger_s = now
+            caps = await _caps(backlog, limits)
+            for name, (idx, first, stop) in backlog.items():
+                if caps.get(name, stop - first) < stop - first:
+                    out[name] = str(await idx.position_of(first + caps[name]))
         return canonical(out)
+
+    def _limits(self, limit: Any) -> Limits | None:
+        """What bounds the next batch: Spark's limit says whether to apply the options
+        (``ReadAllAvailable``, as for ``Trigger.Once``, says not to)."""
+        o = self.opts
+        if ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable):
+            return None
+        limits = Limits(o.max_records_per_trigger, o.max_bytes_per_trigger,
+                        o.min_records_per_trigger, o.max_trigger_delay_ms)
+        return limits if limits.any else None
 
     def latestOffset(self, start: dict[str, str] | None = None,
                      limit: Any = None) -> dict[str, str]:
         if start is None:  # Spark 4.0/4.1: no start, no limit: go on from our last answer
             start = self._last_end
-            max_rows = self.opts.max_records_per_trigger if start is not None else None
-        elif ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
-            max_rows = limit.max_rows
+            limits = self._limits(None) if start is not None else None
         else:
-            max_rows = None
-        end = self._run(lambda bk: self._latest(bk, start, max_rows))
+            # Spark asks for the next batch once the previous one is in its commit log:
+            # ``start`` is committed, and the subscription may show it.
+            self._publish(start)
+            limits = self._limits(limit)
+        end = self._run(lambda bk: self._latest(bk, start, limits))
         self._last_end = end
         return end
 
     def getDefaultReadLimit(self) -> Any:
-        if self.opts.max_records_per_trigger and ReadMaxRows is not None:
-            return ReadMaxRows(self.opts.max_records_per_trigger)
-        return ReadAllAvailable() if ReadAllAvailable is not None else None
+        """A token that tells Spark this source limits its batches (PySpark's read limits
+        carry one number each; the options hold the combination, applied in
+        ``latestOffset``)."""
+        o = self.opts
+        if ReadMaxRows is None:
+            return None
+        if o.max_records_per_trigger:
+            return ReadMaxRows(o.max_records_per_trigger)
+        if o.max_bytes_per_trigger and ReadMaxBytes is not None:
+            return ReadMaxBytes(o.max_bytes_per_trigger)
+        if o.min_records_per_trigger and ReadMinRows is not None:
+            return ReadMinRows(o.min_records_per_trigger)
+        return ReadAllAvailable()
 
     def reportLatestOffset(self) -> dict[str, str] | None:
         """What was available at the last ``latestOffset`` (for the query's progress;
@@ -438,6 +513,30 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._available is None:
             return self._run(lambda bk: self._latest(bk, None, None))
         return self._available
+
+    def _publish(self, offsets: dict[str, str]) -> None:
+        """Mirror committed offsets as the ``subscription`` of each stream (best effort:
+        a failure leaves the subscription behind, which only holds more records)."""
+        name = self.opts.subscription
+        if name is None or offsets == self._published:
+            return
+
+        async def publish(bk: BookKeeper) -> None:
+            ctx = await context_of(bk, self.opts.namespace)
+            for stream, pos in offsets.items():
+                try:
+                    await mirror(ctx, stream, name, Position.parse(pos))
+                except NoSuchStreamError:
+                    continue  # deleted: the read reports it
+
+        try:
+            self._run(publish)
+        except BKError as exc:
+            _log.warning("could not publish the query's progress as its subscription; "
+                         "retention keeps the records meanwhile", subscription=name,
+                         error=str(exc))
+            return
+        self._published = dict(offsets)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = None
@@ -477,8 +576,9 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return _read_partition(self.opts, partition)
 
     def commit(self, end: dict[str, str]) -> None:
-        """Nothing to do: offsets live in Spark's checkpoint, and a stream keeps its
-        records until truncation or retention (which ignore readers, as Kafka's do)."""
+        """Offsets live in Spark's checkpoint; with the ``subscription`` option, ``end``
+        is published as that subscription (so retention waits for the query)."""
+        self._publish(end)
 
     def stop(self) -> None:
         if self._rt is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,7 @@ from ..errors import (
 )
 from .codec import RECORD_OVERHEAD_BYTES_MAX, decode, encode
 from .context import StreamContext
-from .meta import COMPLETED, Segment, SinkMark, StreamConfig
+from .meta import COMPLETED, Segment, SinkMark, StreamConfig, TxnOps
 from .segment_ledger import (
     create_staged_ledger,
     delete_ledger,
@@ -254,8 +254,77 @@ class Adopted:
 
 
 async def last_batch(ctx: StreamContext, stream: str, sink_id: str) -> int | None:
-    """The last batch the sink ``sink_id`` committed to ``stream`` (None: none yet)."""
+    """The last batch the sink ``sink_id`` committed to ``stream`` with :func:`adopt`
+    (None: none yet)."""
     return (await ctx.md.sink_mark(ctx.namespace, stream, sink_id)).batch
+
+
+@dataclass
+class _Share:
+    """One stream's part of an adoption: its new segments and the operations that add
+    them (and complete a fenced writer's segment) if nothing changed meanwhile."""
+
+    stream: str
+    new: list[Segment]
+    ops: TxnOps
+
+
+async def _prepare(ctx: StreamContext, stream: str, staged: Sequence[StagedLedger],
+                   sink: SinkMark | None = None) -> _Share | None:
+    """The share of ``stream`` in a transaction adopting ``staged`` (in order) as its
+    next completed segments; None if the stream changed while it was read (read again)."""
+    md, ns = ctx.md, ctx.namespace
+    sm = await md.stream(ns, stream)
+    if sm.ended:
+        raise EndOfStreamError(f"stream {ns}/{stream} was ended: it takes no more writes")
+    segs = await md.segments(ns, stream, from_seq=sm.max_seq)  # the last one
+    put: list[Segment] = []
+    last = segs[-1] if segs else None
+    if last is not None and not last.completed:
+        # Another writer has the stream.  If its records already rule this batch out,
+        # say so without fencing it; else fence it (its next change of the segments
+        # fails), then complete its segment in our transaction.
+        _check_txids(ctx, stream, staged, max(
+            sm.last_txid, last.last_txid, await _durable_last_txid(ctx, last)))
+        try:
+            sm, _ = await md.commit(sm, epoch=sm.epoch + 1)
+        except MetadataVersionError:
+            return None
+        last, ended = await recover_segment(ctx, last)
+        put.append(last)
+        if ended:
+            raise EndOfStreamError(f"stream {ns}/{stream} was ended")
+    _check_txids(ctx, stream, staged, max(
+        [sm.last_txid, *(s.last_txid for s in segs), *(s.last_txid for s in put)]))
+    start_sequence = last.start_sequence + last.records if last is not None else 0
+    start_bytes = last.start_bytes + last.size_bytes if last is not None else 0
+    seq = max([sm.max_seq, *(s.seq for s in segs)]) + 1
+    # Stream times never decrease: records staged before the stream's latest read as
+    # that time (each adopted segment's floor).
+    floor = max([sm.last_ts_ms, *(s.last_ts for s in segs if s.records),
+                 *(s.last_ts for s in put if s.records), 0])
+    now_ms = ctx.now_ms()
+    new: list[Segment] = []
+    for s in staged:
+        if not s.records:
+            continue
+        first_ts = s.first_ts_ms if s.first_ts_ms >= 0 else now_ms
+        last_ts = s.last_ts_ms if s.last_ts_ms >= 0 else now_ms
+        new.append(Segment(seq=seq, ledger_id=s.ledger_id, state=COMPLETED,
+                           records=s.records, start_sequence=start_sequence,
+                           start_bytes=start_bytes,
+                           first_txid=s.first_txid, last_txid=s.last_txid,
+                           last_entry=s.last_entry, last_slot=s.last_slot,
+                           size_bytes=s.size_bytes, ctime_ms=now_ms, completion_ms=now_ms,
+                           first_ts_ms=first_ts, last_ts_ms=last_ts,
+                           ts_floor_ms=floor if floor > first_ts else 0))
+        floor = max(floor, last_ts)
+        seq += 1
+        start_sequence += s.records
+        start_bytes += s.size_bytes
+    _, ops = md.commit_ops(sm, put=[*put, *new], sink=sink,
+                           unstage=[s.ledger_id for s in staged])
+    return _Share(stream, new, ops)
 
 
 async def adopt(ctx: StreamContext, stream: str, staged: Sequence[StagedLedger], *,
@@ -264,7 +333,6 @@ async def adopt(ctx: StreamContext, stream: str, staged: Sequence[StagedLedger],
     transaction; with ``sink_id`` and ``batch``, only if that sink has not committed
     ``batch`` (or a later one) before, and record that it has."""
     md, ns = ctx.md, ctx.namespace
-    log = ctx.log(stream=stream)
     if sum(1 for s in staged if s.records) > ADOPT_LEDGERS_MAX:
         if sink_id is not None and batch is not None:
             done = await last_batch(ctx, stream, sink_id)
@@ -272,71 +340,130 @@ async def adopt(ctx: StreamContext, stream: str, staged: Sequence[StagedLedger],
                 return Adopted([], True, done)
         staged = await merge(ctx, stream, staged)
     for _attempt in range(ADOPT_ATTEMPTS):
-        sm = await md.stream(ns, stream)
         mark = None
         if sink_id is not None and batch is not None:
             mark = await md.sink_mark(ns, stream, sink_id)
             if mark.batch is not None and mark.batch >= batch:
                 return Adopted([], True, mark.batch)
             mark = SinkMark(sink_id, batch, mark.version)  # recorded if still as read
-        if sm.ended:
-            raise EndOfStreamError(f"stream {ns}/{stream} was ended: it takes no more "
-                                   "writes")
-        segs = await md.segments(ns, stream, from_seq=sm.max_seq)  # the last one
-        put: list[Segment] = []
-        last = segs[-1] if segs else None
-        if last is not None and not last.completed:
-            # Another writer has the stream.  If its records already rule this batch
-            # out, say so without fencing it; else fence it (its next change of the
-            # segments fails), then complete its segment in our transaction.
-            _check_txids(ctx, stream, staged, max(
-                sm.last_txid, last.last_txid, await _durable_last_txid(ctx, last)))
-            try:
-                sm, _ = await md.commit(sm, epoch=sm.epoch + 1)
-            except MetadataVersionError:
-                continue
-            last, ended = await recover_segment(ctx, last)
-            put.append(last)
-            if ended:
-                raise EndOfStreamError(f"stream {ns}/{stream} was ended")
-        _check_txids(ctx, stream, staged, max(
-            [sm.last_txid, *(s.last_txid for s in segs), *(s.last_txid for s in put)]))
-        start_sequence = last.start_sequence + last.records if last is not None else 0
-        start_bytes = last.start_bytes + last.size_bytes if last is not None else 0
-        seq = max([sm.max_seq, *(s.seq for s in segs)]) + 1
-        # Stream times never decrease: records staged before the stream's latest read
-        # as that time (each adopted segment's floor).
-        floor = max([sm.last_ts_ms, *(s.last_ts for s in segs if s.records),
-                     *(s.last_ts for s in put if s.records), 0])
-        now_ms = ctx.now_ms()
-        new: list[Segment] = []
-        for s in staged:
-            if not s.records:
-                continue
-            first_ts = s.first_ts_ms if s.first_ts_ms >= 0 else now_ms
-            last_ts = s.last_ts_ms if s.last_ts_ms >= 0 else now_ms
-            new.append(Segment(seq=seq, ledger_id=s.ledger_id, state=COMPLETED,
-                               records=s.records, start_sequence=start_sequence,
-                               start_bytes=start_bytes,
-                               first_txid=s.first_txid, last_txid=s.last_txid,
-                               last_entry=s.last_entry, last_slot=s.last_slot,
-                               size_bytes=s.size_bytes, ctime_ms=now_ms, completion_ms=now_ms,
-                               first_ts_ms=first_ts, last_ts_ms=last_ts,
-                               ts_floor_ms=floor if floor > first_ts else 0))
-            floor = max(floor, last_ts)
-            seq += 1
-            start_sequence += s.records
-            start_bytes += s.size_bytes
+        share = await _prepare(ctx, stream, staged, mark)
+        if share is None:
+            continue
         try:
-            _, committed = await md.commit(sm, put=[*put, *new], sink=mark,
-                                           unstage=[s.ledger_id for s in staged])
+            revision = await md.apply(share.ops)
         except MetadataVersionError:
             continue
-        log.info("ledgers adopted", segments=[s.seq for s in new], sink=sink_id, batch=batch)
-        return Adopted(committed[len(put):], False, batch)
-    raise WriterFencedError(f"stream {ns}/{stream}: {ADOPT_ATTEMPTS} attempts to commit "
-                            "lost to other writers changing the stream; are several writers "
-                            "fighting over it?")
+        ctx.log(stream=stream).info("ledgers adopted", segments=[s.seq for s in share.new],
+                                    sink=sink_id, batch=batch)
+        return Adopted([dataclasses.replace(s, version=revision) for s in share.new], False,
+                       batch)
+    raise _lost(ns, stream)
+
+
+def _lost(ns: str, stream: str) -> WriterFencedError:
+    return WriterFencedError(f"stream {ns}/{stream}: {ADOPT_ATTEMPTS} attempts to commit lost "
+                             "to other writers changing the stream; are several writers "
+                             "fighting over it?")
+
+
+TXN_OPS_MAX = 128
+"""etcd's default ``--max-txn-ops``: operations one transaction may hold."""
+STREAMS_PER_BATCH_MAX = (TXN_OPS_MAX - 1) // 4
+"""Streams one :func:`adopt_streams` transaction may add to (31): each costs at most
+four operations with one ledger (its record, a fenced writer's segment, the new segment
+and its staging key), and the batch's record one more."""
+
+
+def _ops_needed(ledgers: Mapping[str, int]) -> int:
+    """The operations :func:`adopt_streams` needs at most for these counts of non-empty
+    staged ledgers per stream."""
+    return 1 + sum(2 + 2 * n for n in ledgers.values())
+
+
+@dataclass(frozen=True)
+class AdoptedStreams:
+    """What :func:`adopt_streams` did: the segments it added to each stream, or that
+    the batch was committed before (``replayed``)."""
+
+    segments: dict[str, list[Segment]]
+    replayed: bool
+    last_batch: int | None
+
+
+async def committed_batch(ctx: StreamContext, sink_id: str,
+                          streams: Iterable[str] = ()) -> SinkMark:
+    """The last batch the sink committed to the namespace (:func:`adopt_streams`), with
+    its record's version; while it has none, the highest batch that sink recorded on one
+    of ``streams`` with :func:`adopt` (what asyncbk wrote before streams were routed),
+    version 0."""
+    mark = await ctx.md.batch_mark(ctx.namespace, sink_id)
+    if mark.version:
+        return mark
+    older = [(await ctx.md.sink_mark(ctx.namespace, s, sink_id)).batch for s in streams]
+    done = max((b for b in older if b is not None), default=None)
+    return SinkMark(sink_id, done, 0)
+
+
+async def adopt_streams(ctx: StreamContext, staged: Mapping[str, Sequence[StagedLedger]], *,
+                        sink_id: str | None = None, batch: int | None = None
+                        ) -> AdoptedStreams:
+    """Make each stream's ``staged`` ledgers (in order) its next completed segments, all
+    streams in **one** transaction; with ``sink_id`` and ``batch``, only if that sink has
+    not committed ``batch`` (or a later one) to this namespace before, and record that
+    it has.  At most :data:`STREAMS_PER_BATCH_MAX` streams (ValueError beyond, before
+    anything changes); streams with more ledgers than fit are first merged
+    (:func:`merge`)."""
+    md, ns = ctx.md, ctx.namespace
+    full = {name: [s for s in ledgers if s.records] for name, ledgers in staged.items()}
+    streams = sorted(name for name, ledgers in full.items() if ledgers)
+    if len(streams) > STREAMS_PER_BATCH_MAX:
+        raise ValueError(
+            f"a batch may write to at most {STREAMS_PER_BATCH_MAX} streams (one etcd "
+            f"transaction of at most {TXN_OPS_MAX} operations commits it); this one writes "
+            f"to {len(streams)}: split the DataFrame by stream and write the parts apart")
+    async def mark() -> tuple[bool, SinkMark | None]:
+        """Whether the batch was committed before; else the record to write with it."""
+        if sink_id is None or batch is None:
+            return False, None
+        done = await committed_batch(ctx, sink_id, streams)
+        if done.batch is not None and done.batch >= batch:
+            return True, done
+        return False, SinkMark(sink_id, batch, done.version)  # recorded if still as read
+
+    if _ops_needed({n: len(full[n]) for n in streams}) > TXN_OPS_MAX:
+        replayed, done = await mark()
+        if replayed:
+            assert done is not None
+            return AdoptedStreams({}, True, done.batch)
+        groups = max(1, (TXN_OPS_MAX - 1 - 2 * len(streams)) // (2 * len(streams)))
+        for name in streams:
+            full[name] = await merge(ctx, name, full[name], groups)
+    for _attempt in range(ADOPT_ATTEMPTS):
+        ops = TxnOps()
+        replayed, done = await mark()
+        if done is not None:
+            if replayed:
+                return AdoptedStreams({}, True, done.batch)
+            ops.extend(md.batch_mark_ops(ns, done))
+        shares = []
+        for name in streams:
+            share = await _prepare(ctx, name, full[name])
+            if share is None:
+                break
+            shares.append(share)
+            ops.extend(share.ops)
+        else:
+            try:
+                revision = await md.apply(ops)
+            except MetadataVersionError:
+                continue
+            added = {sh.stream: [dataclasses.replace(s, version=revision) for s in sh.new]
+                     for sh in shares}
+            ctx.log().info("ledgers adopted", streams={k: [s.seq for s in v]
+                                                       for k, v in added.items()},
+                           sink=sink_id, batch=batch)
+            return AdoptedStreams(added, False, batch)
+    raise _lost(ns, ", ".join(streams))
 
 
 async def merge(ctx: StreamContext, stream: str, staged: Sequence[StagedLedger],
@@ -387,6 +514,23 @@ async def sweep(ctx: StreamContext, stream: str, owner: str | None = None,
         ctx.log(stream=stream).warning(
             "could not delete staged ledgers; the next commit tries again", error=str(exc))
         return 0
+
+
+async def sweep_owner(ctx: StreamContext, owner: str) -> int:
+    """Delete the staged ledgers of ``owner`` in every stream of the namespace; returns
+    how many.  Only safe while no worker of ``owner`` is writing."""
+    doomed: dict[str, list[int]] = {}
+    for stream, ledger_id, who in await ctx.md.staged_in_namespace(ctx.namespace):
+        if who == owner:
+            doomed.setdefault(stream, []).append(ledger_id)
+    gone = 0
+    for stream, ledger_ids in doomed.items():
+        try:
+            gone += await discard(ctx, stream, ledger_ids)
+        except BKError as exc:
+            ctx.log(stream=stream).warning(
+                "could not delete staged ledgers; the next commit tries again", error=str(exc))
+    return gone
 
 
 def staged_from(d: dict[str, Any]) -> StagedLedger:

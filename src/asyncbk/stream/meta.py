@@ -342,6 +342,26 @@ class SinkMark(NamedTuple):
     version: int
 
 
+@dataclass
+class TxnOps:
+    """The operations of one metadata transaction (or of one stream's share of it)."""
+
+    compare: list[tuple[str, int]] = field(default_factory=list)
+    put: list[tuple[str, bytes]] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+
+    def extend(self, other: TxnOps) -> None:
+        self.compare += other.compare
+        self.put += other.put
+        self.delete += other.delete
+
+    @property
+    def size(self) -> int:
+        """What etcd counts against ``--max-txn-ops``: the larger of the compares (each
+        also a read on failure) and the writes."""
+        return max(len(self.compare), len(self.put) + len(self.delete))
+
+
 def _sink_batch(value: bytes) -> int:
     d = msgpack.unpackb(value, raw=False)
     return int(d["batch"]) if isinstance(d, dict) and "batch" in d else -1
@@ -549,13 +569,28 @@ class StreamMetadata:
         ``sink``: record that sink's batch ``sink.batch``, if its record is still at
         ``sink.version``.  ``unstage``: remove the staging records of these ledgers.
         ``also_*``: more keys to compare, write and remove in the same transaction."""
+        new_sm, ops = self.commit_ops(sm, put=put, drop=drop, ended=ended, epoch=epoch,
+                                      sink=sink, unstage=unstage)
+        ops.compare += also_compare
+        ops.put += also_put
+        ops.delete += also_delete
+        revision = await self.apply(ops)
+        return (dataclasses.replace(new_sm, version=revision),
+                [dataclasses.replace(s, version=revision) for s in put])
+
+    def commit_ops(self, sm: StreamMeta, *, put: Sequence[Segment] = (),
+                   drop: Sequence[Segment] = (), ended: bool | None = None,
+                   epoch: int | None = None, sink: SinkMark | None = None,
+                   unstage: Sequence[int] = ()) -> tuple[StreamMeta, TxnOps]:
+        """What :meth:`commit` sends, without sending it: the new stream record (its
+        version unset) and the operations, to combine with other streams' in one
+        transaction (:meth:`apply`)."""
         ns, name = sm.namespace, sm.name
+        ops = TxnOps()
         if sink is not None:
             sink_key = keys.sink(self.root, ns, name, sink.sink_id)
-            also_compare = [*also_compare, (sink_key, sink.version)]
-            also_put = [*also_put, (sink_key, _pack({"batch": sink.batch}))]
-        also_delete = [*also_delete,
-                       *(keys.staging(self.root, ns, name, ledger_id) for ledger_id in unstage)]
+            ops.compare.append((sink_key, sink.version))
+            ops.put.append((sink_key, _pack({"batch": sink.batch})))
         skey = keys.stream(self.root, ns, name)
         max_seq = max([sm.max_seq, *(s.seq for s in put)])
         last_txid = max([sm.last_txid, *(s.last_txid for s in put)])
@@ -563,17 +598,32 @@ class StreamMetadata:
         new_sm = dataclasses.replace(sm, max_seq=max_seq, last_txid=last_txid, last_ts_ms=last_ts,
                                      ended=sm.ended if ended is None else ended,
                                      epoch=sm.epoch if epoch is None else epoch)
-        compare = [(skey, sm.version)]
-        compare += [(keys.segment(self.root, ns, name, s.seq), s.version) for s in put]
-        compare += [(keys.segment(self.root, ns, name, s.seq), s.version) for s in drop]
-        revision = await self.meta.kv_txn(
-            [*compare, *also_compare],
-            put=[(skey, new_sm.to_bytes())]
-            + [(keys.segment(self.root, ns, name, s.seq), s.to_bytes()) for s in put]
-            + list(also_put),
-            delete=[keys.segment(self.root, ns, name, s.seq) for s in drop] + list(also_delete))
-        return (dataclasses.replace(new_sm, version=revision),
-                [dataclasses.replace(s, version=revision) for s in put])
+        ops.compare += [(skey, sm.version)]
+        ops.compare += [(keys.segment(self.root, ns, name, s.seq), s.version) for s in put]
+        ops.compare += [(keys.segment(self.root, ns, name, s.seq), s.version) for s in drop]
+        ops.put += [(skey, new_sm.to_bytes())]
+        ops.put += [(keys.segment(self.root, ns, name, s.seq), s.to_bytes()) for s in put]
+        ops.delete += [keys.segment(self.root, ns, name, s.seq) for s in drop]
+        ops.delete += [keys.staging(self.root, ns, name, ledger_id) for ledger_id in unstage]
+        return new_sm, ops
+
+    async def apply(self, ops: TxnOps) -> int:
+        """Send ``ops`` as one transaction; its revision.  MetadataVersionError if a
+        compared key changed."""
+        return await self.meta.kv_txn(ops.compare, put=ops.put, delete=ops.delete)
+
+    async def batch_mark(self, namespace: str, sink_id: str) -> SinkMark:
+        """The last batch the sink ``sink_id`` committed to streams of ``namespace``
+        (:func:`asyncbk.stream.adopt.adopt_streams`)."""
+        kv = await self.meta.kv_get(keys.batch_mark(self.root, namespace, sink_id))
+        if kv is None:
+            return SinkMark(sink_id, None, 0)
+        return SinkMark(sink_id, _sink_batch(kv.value), kv.version)
+
+    def batch_mark_ops(self, namespace: str, mark: SinkMark) -> TxnOps:
+        """Record ``mark.batch`` if the sink's record is still at ``mark.version``."""
+        key = keys.batch_mark(self.root, namespace, mark.sink_id)
+        return TxnOps([(key, mark.version)], [(key, _pack({"batch": mark.batch}))])
 
     # --- staged ledgers and sinks ----------------------------------------
 
@@ -605,6 +655,19 @@ class StreamMetadata:
             except Exception:
                 owner = None
             out.append((int(kv.key[len(prefix):]), owner))
+        return out
+
+    async def staged_in_namespace(self, namespace: str) -> list[tuple[str, int, str | None]]:
+        """The ledgers staged for any stream of ``namespace``: ``(stream, ledger id,
+        owner)`` (owner None: unreadable)."""
+        out: list[tuple[str, int, str | None]] = []
+        for kv in await self.meta.kv_range(keys.namespace_staging_prefix(self.root, namespace)):
+            try:
+                owner = msgpack.unpackb(kv.value, raw=False).get("owner")
+            except Exception:
+                owner = None
+            stream, ledger_id = keys.staging_key_parts(self.root, namespace, kv.key)
+            out.append((stream, ledger_id, owner))
         return out
 
     async def sink_mark(self, namespace: str, name: str, sink_id: str) -> SinkMark:

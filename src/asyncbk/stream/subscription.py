@@ -457,6 +457,34 @@ async def seek(ctx: StreamContext, stream: str, name: str, position: Position | 
                                "attempts to seek each lost a race; try again")
 
 
+async def mirror(ctx: StreamContext, stream: str, name: str, position: Position) -> bool:
+    """Set the subscription ``name`` to ``position``, creating it the first time: the
+    progress of a consumer that keeps its own elsewhere (a Spark query's checkpoint),
+    published so that retention waits for it and its lag shows.  Its consumer epoch is
+    left alone.  Returns whether anything was written."""
+    check_subscription_name(name)
+    key = _key(ctx, stream, name)
+    for _attempt in range(20):
+        now = await read_cursor(ctx, stream, name)
+        if now is not None and now.position == position:
+            return False
+        now_ms = ctx.now_ms()
+        rec = CursorRecord(name, position, now.epoch if now else 0,
+                           now.ctime_ms if now else now_ms, now_ms)
+        try:
+            if now is None or position < now.position:
+                # Created, or moved back: with the stream record, as a seek (retention
+                # that read the holds before this is refused).
+                await _write_with_stream(ctx, stream, rec, now.version if now else 0)
+            else:  # forward only releases more: the key alone
+                await ctx.md.meta.kv_txn([(key, now.version)], put=[(key, rec.to_bytes())])
+        except MetadataVersionError:
+            continue
+        return True
+    raise MetadataVersionError(f"subscription {name!r} of {ctx.namespace}/{stream}: 20 "
+                               "attempts to publish its position each lost a race")
+
+
 async def delete(ctx: StreamContext, stream: str, name: str) -> None:
     """Remove the subscription (its consumer, if any, is fenced at its next
     persistence); retention no longer waits for it."""
