@@ -17,7 +17,6 @@ from asyncbk.spark.source import _stream_batch
 from asyncbk.stream import codec
 from asyncbk.types import LedgerEntry
 
-
 _extras = st.one_of(st.none(), st.tuples(
     st.one_of(st.none(), st.binary(max_size=8)),
     st.dictionaries(st.text(max_size=4), st.binary(max_size=6), max_size=3)))

@@ -84,7 +84,7 @@ class StreamIndex:
         self._handles: dict[int, ReadHandle] = {}
         self._headers: dict[tuple[int, int], tuple[int, int]] = {}
         self._record_bytes: dict[int, float] = {}
-        """Average record size (with its entry overhead) of an entry read, by ledger."""
+        """Average record size (its data) in the last entry read, by ledger."""
         self._ends: dict[int, tuple[int, int]] = {}
 
     @classmethod
@@ -125,7 +125,7 @@ class StreamIndex:
                                  f"{seg.seq} entry {entry}")
             got = (batch.records_before, batch.count)
             if batch.count:
-                self._record_bytes[seg.ledger_id] = len(data) / batch.count
+                self._record_bytes[seg.ledger_id] = sum(map(len, batch.datas)) / batch.count
             if len(self._headers) >= HEADER_CACHE_MAX:
                 self._headers.clear()
             self._headers[key] = got
@@ -245,8 +245,8 @@ class StreamIndex:
         return await self.end_position()
 
     async def bytes_between(self, first: int, stop: int) -> float:
-        """About how many bytes records ``first..stop-1`` take: exact per completed
-        segment on average, an open segment's by the size of its last entry's records."""
+        """About how many bytes of data records ``first..stop-1`` hold: exact per
+        completed segment on average, an open segment's by its last entry's records."""
         total = 0.0
         for seg in self.segments:
             _, records = await self.segment_end(seg)
