@@ -11,9 +11,11 @@ then
 1. batch-reads stream ``source`` of the namespace (``maxRecordsPerPartition`` small,
    so the partitions spread over both executors);
 2. runs a streaming query with ``Trigger.AvailableNow`` from ``source`` (from
-   ``earliest``) into stream ``sink`` with ``writeStream.format("asyncbk")`` (the
-   exactly-once sink, its tasks on the executors);
-3. batch-reads ``sink`` back;
+   ``earliest``, publishing its progress as the subscription ``etl``) with
+   ``writeStream.format("asyncbk")`` (the exactly-once sink, its tasks on the
+   executors), a ``stream`` column routing even txids to ``<sink>-even`` and odd
+   ones to ``<sink>-odd`` (created on first use);
+3. batch-reads both back;
 
 and prints one line ``RESULT <json>`` on stdout: the rows of both reads (data as
 hex), the executors seen and the streaming query's progress.  Spark's own log goes
@@ -97,12 +99,18 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
         batch, batch_partitions = rows_and_partitions(batch_df)
         batch_s = time.monotonic() - t
 
+        from pyspark.sql import functions as F
+
         t = time.monotonic()
+        sink = args["sink"]
         q = (spark.readStream.format("asyncbk").options(**common)
-             .option("streams", args["source"]).option("startingPositions", "earliest").load()
+             .option("streams", args["source"]).option("startingPositions", "earliest")
+             .option("subscription", "etl").load()
+             .withColumn("stream", F.when(F.col("txid") % 2 == 0, F.lit(f"{sink}-even"))
+                         .otherwise(F.lit(f"{sink}-odd")))
              .writeStream.format("asyncbk")
              .option("metadataUri", args["metadata_uri"]).option("namespace", args["namespace"])
-             .option("stream", args["sink"])
+             .option("createStreams", "true")
              .option("checkpointLocation", args["checkpoint"])
              .trigger(availableNow=True).start())
         try:
@@ -120,7 +128,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
         streaming_s = time.monotonic() - t
 
         written = rows(spark.read.format("asyncbk").options(**common)
-                       .option("streams", args["sink"]).load())
+                       .option("streams", f"{sink}-even,{sink}-odd").load())
         return {"executors": executors, "batch": batch, "batch_partitions": batch_partitions,
                 "progress": progress, "written": written,
                 "seconds": {"session": round(session_s, 1), "batch": round(batch_s, 1),

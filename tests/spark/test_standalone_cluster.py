@@ -207,6 +207,11 @@ def write_source(sc: ClusterThread, ns: str, stream: str) -> list[list[Any]]:
     return sc.run(go())
 
 
+async def _subscriptions(sc: ClusterThread, ns: str, stream: str) -> list[Any]:
+    assert sc.bk is not None
+    return await (await sc.bk.namespace(ns)).subscriptions(stream)
+
+
 def test_batch_and_streaming_on_a_standalone_cluster(spark_cluster: ClusterThread, ns: str,
                                                      tmp_path: Path) -> None:
     started = time.monotonic()
@@ -232,8 +237,18 @@ def test_batch_and_streaming_on_a_standalone_cluster(spark_cluster: ClusterThrea
     # in order (task ledgers are adopted in partition order); the txid column of the
     # rows it was given is kept
     assert sum(p["numInputRows"] for p in result["progress"]) == RECORDS, result["progress"]
+    # routed by the stream column: even txids to sink-even, odd to sink-odd, each in
+    # order, and the whole of each batch committed in both at once
     sink = result["written"]
-    assert [(r[2], r[3]) for r in sink] == [(r[2], r[3]) for r in written]
-    assert {r[0] for r in sink} == {"sink"}
+    for name, parity in (("sink-even", 0), ("sink-odd", 1)):
+        got = sorted((r for r in sink if r[0] == name), key=lambda r: Position.parse(r[1]))
+        assert [(r[2], r[3]) for r in got] == \
+            [(r[2], r[3]) for r in written if r[2] % 2 == parity], name
+    assert len(sink) == RECORDS
+    # the query's progress is published as the subscription etl of the source: at its
+    # end, where the query stopped
+    infos = spark_cluster.run(_subscriptions(spark_cluster, ns, "source"))
+    end = max(Position.parse(r[1]) for r in written)
+    assert [(i.name, i.lag_records) for i in infos] == [("etl", 0)] and infos[0].position > end
     elapsed = time.monotonic() - started
     print(f"standalone cluster test: {elapsed:.1f} s; driver: {result['seconds']}")  # noqa: T201

@@ -1,25 +1,33 @@
 """Running asyncbk's coroutines from Spark's synchronous calls.
 
-Spark calls a data source from plain threads of its Python workers, which it
-reuses from job to job.  Two ways to run a coroutine there:
+Spark calls a data source from plain threads of its Python workers, and reuses a
+worker process for task after task (``spark.python.worker.reuse``, on by default).
+So each process keeps **one event loop** (uvloop) in a daemon thread of its own
+(:class:`WorkerLoop`), started on first use (again after a fork), and on it **one
+connected client per cluster** (per metadata URI and credentials), which the
+process's tasks share:
 
-* :func:`run_once`: a fresh event loop (uvloop) for one call, with a client
-  connected for it and closed after, for a task's ``read()``/``write()`` and a
-  batch query's planning.  Nothing outlives the call.
-  :class:`TaskLoop` is the same for a task that yields as it goes (a read).
-* :class:`LoopThread`: an event loop in a daemon thread with one client kept
-  connected, for the driver side of a streaming query, which Spark asks for
-  offsets at every trigger.  It is never pickled (``__getstate__`` drops it) and
-  is closed by ``stop()``.
+* :func:`run_once`: one call (planning a batch read, a commit) on that loop.
+* :class:`TaskLoop`: a task's read or write.  A read's batches are produced on the
+  loop ahead of Spark (a bounded queue of :data:`READ_AHEAD_BATCHES`), so the
+  bookies are read and entries decoded while Spark consumes the previous batch.
+* :class:`LoopThread`: the driver side of a streaming query, which Spark asks for
+  offsets at every trigger.
 
-Every call is bounded by the ``operationTimeoutS`` option; an unreachable
-metadata store fails the call with a message that says so.
+A client idle for :data:`CLIENT_IDLE_S` is closed, and one whose call failed
+because the cluster could not be reached is dropped, so the next call connects
+again.  Every call is bounded by the ``operationTimeoutS`` option; an unreachable
+metadata store fails the call with a message that says so.  Nothing here is
+pickled: Spark's objects hold options only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -27,7 +35,7 @@ from typing import Any, TypeVar
 import uvloop
 
 from ..client.client import BookKeeper
-from ..errors import BKError, MetadataError, NoSuchNamespaceError
+from ..errors import BKError, BookieUnavailableError, MetadataError, NoSuchNamespaceError
 from ..net.etcd_security import etcd_security
 from ..net.security import client_context, read_token
 from ..stream.context import StreamContext, open_context
@@ -72,120 +80,223 @@ async def connect(access: Access) -> BookKeeper:
             "check the metadataUri option and that etcd and the bookies are running") from None
 
 
-def run_once(access: Access, work: Callable[[BookKeeper], Awaitable[T]]) -> T:
-    """``work(client)`` on a fresh event loop with a fresh client; both closed after."""
-    timeout_s = access.timeout_s
+READ_AHEAD_BATCHES = 2
+"""Record batches a read task keeps ready ahead of Spark."""
+CLIENTS_MAX = 4
+"""Clients one worker process keeps (one per cluster and credentials)."""
+CLIENT_IDLE_S = 300.0
 
-    async def main() -> T:
-        bk = await connect(access)
+
+def _file_stamp(path: str) -> tuple[str, int]:
+    try:
+        return path, os.stat(path).st_mtime_ns
+    except OSError:
+        return path, -1
+
+
+def _client_key(access: Access) -> tuple[Any, ...]:
+    """What makes two accesses share a client: the cluster and every credential (a
+    file's modification time too, so that a rotated token or key takes effect)."""
+    files = (access.tls_ca_file, access.tls_cert_file, access.tls_key_file,
+             access.auth_token_file, access.etcd_password_file, access.etcd_tls_ca_file,
+             access.etcd_tls_cert_file, access.etcd_tls_key_file)
+    return (access.metadata_uri, access.etcd_user, *(_file_stamp(f) for f in files if f))
+
+
+class WorkerLoop:
+    """This process's event loop thread and the clients kept on it."""
+
+    _current: WorkerLoop | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="asyncbk-spark",
+                                       daemon=True)
+        self.thread.start()
+        self._clients: OrderedDict[tuple[Any, ...], tuple[BookKeeper, float]] = OrderedDict()
+        self._connecting: dict[tuple[Any, ...], asyncio.Future[BookKeeper]] = {}
+
+    @classmethod
+    def get(cls) -> WorkerLoop:
+        with cls._lock:
+            current = cls._current
+            if current is None or current.pid != os.getpid() or not current.thread.is_alive():
+                current = cls._current = WorkerLoop()
+            return current
+
+    # -- on the loop
+
+    async def client(self, access: Access) -> BookKeeper:
+        """The kept client for ``access``, connected on first use."""
+        key = _client_key(access)
+        now = time.monotonic()
+        for k, (bk, used) in list(self._clients.items()):
+            if k != key and now - used > CLIENT_IDLE_S:
+                del self._clients[k]
+                await _close_quietly(bk)
+        got = self._clients.get(key)
+        if got is not None:
+            self._clients[key] = (got[0], now)
+            self._clients.move_to_end(key)
+            return got[0]
+        pending = self._connecting.get(key)
+        if pending is None:
+            pending = self._connecting[key] = asyncio.ensure_future(connect(access))
+            try:
+                bk = await asyncio.shield(pending)
+            finally:
+                self._connecting.pop(key, None)
+            self._clients[key] = (bk, now)
+            while len(self._clients) > CLIENTS_MAX:
+                _, (old, _) = self._clients.popitem(last=False)
+                await _close_quietly(old)
+            return bk
+        return await asyncio.shield(pending)
+
+    async def forget(self, access: Access) -> None:
+        """Drop (and close) the client of ``access``: the next call connects again."""
+        got = self._clients.pop(_client_key(access), None)
+        if got is not None:
+            await _close_quietly(got[0])
+
+    # -- from Spark's threads
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """Run ``coro`` on the loop and wait for it (at most ``timeout_s``, beyond the
+        coroutine's own bound)."""
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("asyncbk.spark: a blocking call from the worker loop itself")
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
-            async with asyncio.timeout(timeout_s):
-                return await work(bk)
+            return fut.result(timeout_s)
         except TimeoutError:
-            raise BKError(f"asyncbk operation took longer than operationTimeoutS "
-                          f"({timeout_s:g} s)") from None
-        finally:
-            await bk.close()
+            fut.cancel()
+            raise BKError(f"asyncbk operation took longer than {timeout_s:g} s") from None
+        except BaseException:
+            fut.cancel()
+            raise
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main())
+
+async def _close_quietly(bk: BookKeeper) -> None:
+    try:
+        async with asyncio.timeout(10):
+            await bk.close()
+    except Exception:  # closing is best effort: the cluster may be gone
+        pass
+
+
+_UNREACHABLE = (MetadataError, BookieUnavailableError, OSError)
+
+
+async def _with_client(wl: WorkerLoop, access: Access,
+                       work: Callable[[BookKeeper], Awaitable[T]]) -> T:
+    """``work(client)`` bounded by the operation timeout; a client that could not
+    reach the cluster is dropped."""
+    bk = await wl.client(access)
+    try:
+        async with asyncio.timeout(access.timeout_s):
+            return await work(bk)
+    except TimeoutError:
+        await wl.forget(access)
+        raise BKError(f"asyncbk operation took longer than operationTimeoutS "
+                      f"({access.timeout_s:g} s)") from None
+    except _UNREACHABLE:
+        await wl.forget(access)
+        raise
+
+
+def run_once(access: Access, work: Callable[[BookKeeper], Awaitable[T]]) -> T:
+    """``work(client)`` on this process's loop with its kept client."""
+    wl = WorkerLoop.get()
+    return wl.call(_with_client(wl, access, work),
+                   access.timeout_s + CONNECT_TIMEOUT_S + 5)
 
 
 class LoopThread:
-    """An event loop in a thread of its own, with one client kept connected."""
+    """The driver side of a streaming query: calls on this process's loop, with its kept
+    client (the name says what it was; the loop is shared now)."""
 
     def __init__(self, access: Access) -> None:
         self.access = access
         self.timeout_s = access.timeout_s
-        self._loop = uvloop.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever,
-                                        name="asyncbk-spark", daemon=True)
-        self._thread.start()
-        self._bk: BookKeeper | None = None
         self._closed = False
 
     def run(self, work: Callable[[BookKeeper], Coroutine[Any, Any, T]]) -> T:
-        """``work(client)`` on the thread's loop; waits at most the operation timeout."""
+        """``work(client)``; waits at most the operation timeout."""
         if self._closed:
             raise BKError("the asyncbk source was stopped")
-
-        async def main() -> T:
-            if self._bk is None:
-                self._bk = await connect(self.access)
-            async with asyncio.timeout(self.timeout_s):
-                return await work(self._bk)
-
-        fut: Future[T] = asyncio.run_coroutine_threadsafe(main(), self._loop)
-        try:
-            return fut.result(self.timeout_s + CONNECT_TIMEOUT_S + 5)
-        except TimeoutError:
-            fut.cancel()
-            raise BKError(f"asyncbk operation took longer than operationTimeoutS "
-                          f"({self.timeout_s:g} s)") from None
+        return run_once(self.access, work)
 
     def close(self) -> None:
-        if self._closed:
-            return
         self._closed = True
-
-        async def shutdown() -> None:
-            if self._bk is not None:
-                await self._bk.close()
-
-        try:
-            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(30)
-        except Exception:  # closing is best effort: the process may be going away
-            pass
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        if not self._thread.is_alive():
-            self._loop.close()
 
 
 class TaskLoop:
-    """A fresh event loop and client for one task, driven from Spark's thread."""
+    """One task's calls, on this process's loop with its kept client."""
 
     def __init__(self, access: Access) -> None:
         self.timeout_s = access.timeout_s
         self.access = access
-        self.runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        self.wl = WorkerLoop.get()
         self.bk: BookKeeper | None = None
 
     def __enter__(self) -> TaskLoop:
-        self.runner.__enter__()
-        try:
-            self.bk = self.runner.run(connect(self.access))
-        except BaseException:
-            self.runner.__exit__(None, None, None)
-            raise
+        self.bk = self.wl.call(self.wl.client(self.access), CONNECT_TIMEOUT_S + 5)
         return self
 
-    def run(self, coro: Any) -> Any:
-        async def bounded() -> Any:
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        async def bounded() -> T:
             try:
                 async with asyncio.timeout(self.timeout_s):
                     return await coro
             except TimeoutError:
                 raise BKError(f"asyncbk operation took longer than operationTimeoutS "
                               f"({self.timeout_s:g} s)") from None
-        return self.runner.run(bounded())
+            except _UNREACHABLE:
+                await self.wl.forget(self.access)
+                raise
+        return self.wl.call(bounded(), self.timeout_s + 5)
 
-    def iterate(self, agen: AsyncGenerator[Any, None]) -> Iterator[Any]:
+    def iterate(self, agen: AsyncGenerator[T, None],
+                ahead: int = READ_AHEAD_BATCHES) -> Iterator[T]:
+        """The items of ``agen``, produced on the loop up to ``ahead`` items before
+        they are taken."""
+        queue: asyncio.Queue[tuple[bool, Any]] = asyncio.Queue(ahead)
+
+        async def produce() -> None:
+            try:
+                async for item in agen:
+                    await queue.put((True, item))
+                await queue.put((False, None))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # handed to the consumer, which raises it
+                await queue.put((False, exc))
+
+        async def start() -> asyncio.Task[None]:
+            return asyncio.ensure_future(produce())
+
+        async def stop(task: asyncio.Task[None]) -> None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await agen.aclose()
+
+        producer = self.wl.call(start(), 10)
         try:
             while True:
-                try:
-                    yield self.run(agen.__anext__())
-                except StopAsyncIteration:
+                more, value = self.run(queue.get())
+                if not more:
+                    if value is not None:
+                        raise value
                     return
+                yield value
         finally:
-            self.run(agen.aclose())
+            self.wl.call(stop(producer), 30)
 
     def __exit__(self, *exc: Any) -> None:
-        try:
-            if self.bk is not None:
-                self.runner.run(self.bk.close())
-        finally:
-            self.runner.__exit__(None, None, None)
+        pass
 
 
 async def context_of(bk: BookKeeper, name: str | None) -> StreamContext:

@@ -15,6 +15,7 @@ they are used and never pickled.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
@@ -476,6 +477,14 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return None
         limits = Limits(o.max_records_per_trigger, o.max_bytes_per_trigger,
                         o.min_records_per_trigger, o.max_trigger_delay_ms)
+        # The one number Spark's limit carries is Spark's to set; the others come
+        # from the options.
+        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            limits = dataclasses.replace(limits, max_rows=limit.max_rows)
+        elif ReadMaxBytes is not None and isinstance(limit, ReadMaxBytes):
+            limits = dataclasses.replace(limits, max_bytes=limit.max_bytes)
+        elif ReadMinRows is not None and isinstance(limit, ReadMinRows):
+            limits = dataclasses.replace(limits, min_rows=limit.min_rows)
         return limits if limits.any else None
 
     def latestOffset(self, start: dict[str, str] | None = None,
