@@ -24,6 +24,7 @@ pickled: Spark's objects hold options only.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import threading
 import time
@@ -117,6 +118,22 @@ class WorkerLoop:
         self.thread.start()
         self._clients: OrderedDict[tuple[Any, ...], tuple[BookKeeper, float]] = OrderedDict()
         self._connecting: dict[tuple[Any, ...], asyncio.Future[BookKeeper]] = {}
+        atexit.register(self.shutdown)
+
+    def shutdown(self) -> None:
+        """Close the kept clients (at the process's exit; bounded)."""
+        if self.pid != os.getpid() or not self.thread.is_alive():
+            return
+
+        async def close_all() -> None:
+            while self._clients:
+                _, (bk, _) = self._clients.popitem()
+                await _close_quietly(bk)
+
+        try:
+            asyncio.run_coroutine_threadsafe(close_all(), self.loop).result(15)
+        except Exception:  # the process is going away: best effort
+            pass
 
     @classmethod
     def get(cls) -> WorkerLoop:
