@@ -136,3 +136,71 @@ async def test_adoption_is_atomic_once_per_batch_and_fences_the_writer(
     root = ns.md.root
     assert not await bk.meta.kv_range(keys.sinks_prefix(root, "adopt", "out"))
     assert not await bk.meta.kv_range(keys.staging_prefix(root, "adopt", "out"))
+
+
+async def test_adoption_across_streams_is_one_transaction(
+        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several streams' staged ledgers commit in one transaction under the sink's
+    namespace-wide marker: all or none (a stream changed meanwhile: the retry commits
+    all, never a part); a replay adds nothing whatever streams it names; an older
+    per-stream marker still counts; too many ledgers are merged, too many streams
+    refused before anything changes; the owner's leftovers are swept in every stream."""
+    bk = await cluster.client()
+    ns = await bk.namespace("multi", create=True, ensemble_size=3, write_quorum=2,
+                            ack_quorum=2)
+    ctx = ns.context
+    for s in ("a", "b", "c"):
+        await ns.create_stream(s)
+    w = await ns.open_writer("b")  # a writer holds b: fenced by the commit
+    await w.write(b"w0", txid=0)
+    staged = {s: [await _stage(ns, s, [(5, b"%s%d" % (s.encode(), i)) for i in range(3)])]
+              for s in ("a", "b", "c")}
+    # Another writer changes c between the read and the transaction once: retried whole.
+    real = ctx.md.apply
+    raced = []
+
+    async def racing_apply(ops: object) -> int:
+        if not raced:
+            raced.append(1)
+            async with await ns.open_writer("c") as other:
+                await other.write(b"c-early", txid=1)
+        return await real(ops)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ctx.md, "apply", racing_apply)
+    done = await adopt.adopt_streams(ctx, staged, sink_id="q", batch=0)
+    monkeypatch.setattr(ctx.md, "apply", real)
+    assert not done.replayed and sorted(done.segments) == ["a", "b", "c"]
+    assert [r.data for r in await _all(ns, "c", 4)] == [b"c-early", b"c0", b"c1", b"c2"]
+    assert [r.data for r in await _all(ns, "b", 4)] == [b"w0", b"b0", b"b1", b"b2"]
+    with pytest.raises(WriterFencedError):
+        await w.write(b"late")
+    await w.abort()
+    # A replay of batch 0 routed elsewhere: nothing added anywhere.
+    replay = {"c": [await _stage(ns, "c", [(9, b"again")])]}
+    assert (await adopt.adopt_streams(ctx, replay, sink_id="q", batch=0)).replayed
+    assert (await adopt.committed_batch(ctx, "q")).batch == 0
+    # A sink whose last batch an older asyncbk recorded on its one stream.
+    s_old = await _stage(ns, "a", [(20, b"old")])
+    await adopt.adopt(ctx, "a", [s_old], sink_id="legacy", batch=7)
+    again = {"a": [await _stage(ns, "a", [(21, b"dup")])]}
+    assert (await adopt.adopt_streams(ctx, again, sink_id="legacy", batch=7)).replayed
+    # Many ledgers in two streams: merged to what one transaction holds, order kept.
+    monkeypatch.setattr(adopt, "TXN_OPS_MAX", 13)  # 1 + 2 x (2 + 2 x 2): two each
+    many = {s: [await _stage(ns, s, [(30 + i, b"%s-m%d" % (s.encode(), i))]) for i in range(5)]
+            for s in ("a", "b")}
+    done = await adopt.adopt_streams(ctx, many, sink_id="q", batch=1)
+    assert {s: len(v) for s, v in done.segments.items()} == {"a": 2, "b": 2}
+    tail = [r.data for r in await _all(ns, "b", 9)][4:]
+    assert tail == [b"b-m%d" % i for i in range(5)]
+    monkeypatch.undo()
+    # Too many streams: refused before anything is committed.
+    monkeypatch.setattr(adopt, "STREAMS_PER_BATCH_MAX", 2)
+    before = [len(await _all(ns, s, 1)) for s in ("a", "b", "c")]
+    with pytest.raises(ValueError, match="at most 2 streams"):
+        await adopt.adopt_streams(ctx, {s: [await _stage(ns, s, [(50, b"x")])]
+                                        for s in ("a", "b", "c")}, sink_id="q", batch=2)
+    assert [len(await _all(ns, s, 1)) for s in ("a", "b", "c")] == before
+    assert (await adopt.committed_batch(ctx, "q")).batch == 1
+    # What the owner left staged, in every stream (the refused batch, the replays): swept.
+    assert await adopt.sweep_owner(ctx, "sink-1") == 5
+    assert await ctx.md.staged_in_namespace("multi") == []
