@@ -170,12 +170,19 @@ def batch_reads(spark: Any, cluster: Cluster, ns_name: str, args: argparse.Names
             raise SystemExit(f"{stream}: expected {segments} segments of {args.records} "
                              f"records in all, got {w}")
 
-        def df(stream: str = stream) -> Any:
-            return (spark.read.format("asyncbk").option("metadataUri", cluster.uri)
-                    .option("namespace", ns_name).option("streams", stream).load())
+        for per_partition in args.partition_records or [None]:
+            def df(stream: str = stream, per_partition: int | None = per_partition) -> Any:
+                r = (spark.read.format("asyncbk").option("metadataUri", cluster.uri)
+                     .option("namespace", ns_name).option("streams", stream))
+                if per_partition:
+                    r = r.option("maxRecordsPerPartition", per_partition)
+                return r.load()
 
-        sources.append({"name": f"asyncbk, {segments} segment{'s' if segments > 1 else ''}",
-                        "col": "data", "segments": segments, "write": w, "df": df})
+            name = f"asyncbk, {segments} segment{'s' if segments > 1 else ''}"
+            if per_partition:
+                name += f", {per_partition:,} records a partition"
+            sources.append({"name": name, "col": "data", "segments": segments, "write": w,
+                            "df": df, "max_records_per_partition": per_partition})
     sources.append({"name": "spark.read.json (local file)", "col": "data", "reference": True,
                     "df": lambda: spark.read.schema("data string").json(str(json_path))})
 
@@ -456,6 +463,9 @@ def main() -> None:
     p.add_argument("--record-size", type=int, default=100)
     p.add_argument("--segments", default="1,4,16", help="segment counts (default 1,4,16)")
     p.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per read")
+    p.add_argument("--partition-records", default=None,
+                   help="maxRecordsPerPartition values to read with, comma-separated "
+                        "(default: the option's default)")
     p.add_argument("--rate", type=float, default=1000.0, help="streaming records/s")
     p.add_argument("--latency-s", type=float, default=None,
                    help="streaming measurement seconds (default 20; --quick 8)")
@@ -467,6 +477,8 @@ def main() -> None:
     args.records = args.records or (100_000 if args.quick else 1_000_000)
     args.latency_s = args.latency_s or (8.0 if args.quick else 20.0)
     args.segments = [int(s) for s in args.segments.split(",")]
+    args.partition_records = [int(s) for s in args.partition_records.split(",")] \
+        if args.partition_records else None
     if args.record_size < 16:
         p.error("--record-size must be >= 16")
 

@@ -51,6 +51,14 @@ def test_partition_bound_honours_min_partitions() -> None:
     assert partition_bound(5, 300, 10) == 1
 
 
+def test_partition_bound_keeps_partitions_near_the_byte_target() -> None:
+    mib = 1024 * 1024
+    assert partition_bound(1_000_000, 10**6, None, 100 * mib) == 500_000  # 100 MB: 2
+    assert partition_bound(1_000_000, 10**6, None, 1000 * mib) == 62_500  # 16 of 62.5 MB
+    assert partition_bound(1_000_000, 300_000, None, 10 * mib) == 300_000  # the record cap
+    assert partition_bound(1_000_000, 10**6, 8, 100 * mib) == 125_000  # minPartitions
+
+
 def _read(streaming: bool = False, **options: str) -> object:
     return read_options({"metadataUri": URI, "namespace": "ns", **options}, streaming)
 
@@ -110,8 +118,10 @@ def test_write_options() -> None:
     opts = write_options({"metadataUri": URI, "namespace": "ns", "stream": "out",
                           "checkpointLocation": "/tmp/x"}, True)
     assert (opts.stream, opts.sink_id) == ("out", None)
-    with pytest.raises(SparkOptionError, match="option stream is required"):
-        write_options({"metadataUri": URI, "namespace": "ns"}, False)
+    # Without the option, rows must name their stream (a stream column): the writer,
+    # which sees the DataFrame's columns, says "option stream is required" otherwise.
+    opts = write_options({"metadataUri": URI, "namespace": "ns", "createStreams": "yes"}, False)
+    assert (opts.stream, opts.create_streams) == (None, True)
     with pytest.raises(SparkOptionError, match="does not apply"):
         write_options({"metadataUri": URI, "namespace": "ns", "stream": "o",
                        "streams": "a"}, False)

@@ -23,7 +23,7 @@ from ..stream.position import Position
 from ..stream.subscription import check_subscription_name
 from .errors import SparkOptionError
 
-MAX_RECORDS_PER_PARTITION = 100_000
+MAX_RECORDS_PER_PARTITION = 1_000_000
 OPERATION_TIMEOUT_S = 120.0
 MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 """``maxTriggerDelay``'s default, as in Spark's Kafka source (15 minutes)."""

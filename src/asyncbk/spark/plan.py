@@ -318,12 +318,22 @@ def split_limit(backlogs: dict[str, int], limit: int) -> dict[str, int]:
     return {s: min(waiting[s], max(1, n)) for s, n in shares.items()}
 
 
-def partition_bound(total: int, max_records: int, min_partitions: int | None) -> int:
-    """Records per partition: at most ``max_records``, and few enough to make at least
+PARTITION_BYTES = 64 * 1024 * 1024
+"""Bytes of record data one input partition holds at most, by default (Spark's file
+sources split at 128 MB; half keeps two cores busy on a 100 MB read)."""
+
+
+def partition_bound(total: int, max_records: int, min_partitions: int | None,
+                    total_bytes: float = 0.0, max_bytes: int = PARTITION_BYTES) -> int:
+    """Records per partition: at most ``max_records`` and about ``max_bytes`` of data
+    (from ``total_bytes`` over ``total`` records), and few enough to make at least
     ``min_partitions`` partitions of ``total`` records."""
+    bound = max_records
+    if total and total_bytes > 0:
+        bound = max(1, min(bound, math.ceil(total / math.ceil(total_bytes / max_bytes))))
     if min_partitions and total:
-        return max(1, min(max_records, math.ceil(total / min_partitions)))
-    return max_records
+        return max(1, min(bound, math.ceil(total / min_partitions)))
+    return bound
 
 
 def canonical(offsets: dict[str, str]) -> dict[str, str]:

@@ -209,10 +209,14 @@ async def _counted(idx: StreamIndex, begin: Position, stop: Position, opts: Read
 
 
 async def _partitions(ranges: list[_Range], opts: ReadOptions) -> list[AsyncbkPartition]:
-    """The ranges cut into partitions of at most the bound (``maxRecordsPerPartition``,
-    finer for ``minPartitions``)."""
+    """The ranges cut into partitions of at most the bound (``maxRecordsPerPartition``
+    records and about 64 MiB, finer for ``minPartitions``)."""
+    total_bytes = 0.0
+    for idx, begin, stop, _ in ranges:
+        total_bytes += await idx.bytes_between(await idx.sequence_of(begin),
+                                               await idx.sequence_of(stop))
     bound = partition_bound(sum(r[3] for r in ranges), opts.max_records_per_partition,
-                            opts.min_partitions)
+                            opts.min_partitions, total_bytes)
     out: list[AsyncbkPartition] = []
     for idx, begin, stop, _ in ranges:
         out.extend(AsyncbkPartition(p) for p in await idx.parts(begin, stop, bound))
@@ -395,11 +399,13 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._last_end: dict[str, str] | None = None
         self._available: dict[str, str] | None = None
         self._published: dict[str, str] | None = None
+        self._indexes: tuple[dict[str, str], dict[str, str], dict[str, StreamIndex]] | None = None
         self._last_trigger_s = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_rt"] = None
+        state["_indexes"] = None  # holds ledger handles: made again where it is used
         return state
 
     def _run(self, work: Any) -> Any:
@@ -429,6 +435,8 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         out: dict[str, str] = {}
         backlog: dict[str, tuple[StreamIndex, int, int]] = {}
         available: dict[str, str] = {}
+        indexes: dict[str, StreamIndex] = {}
+        self._indexes = None
         for name in sorted(names | set(start)):
             if name not in names:  # deleted since
                 if name in self.opts.streams or self.opts.selects(name):
@@ -436,6 +444,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 continue
             begin_seq = Position.parse(start[name]).segment if name in start else 0
             idx = await StreamIndex.load(ctx, name, begin_seq)
+            indexes[name] = idx
             end = await idx.end_position()
             available[name] = str(end)
             if self._target is not None:
@@ -467,7 +476,11 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             for name, (idx, first, stop) in backlog.items():
                 if caps.get(name, stop - first) < stop - first:
                     out[name] = str(await idx.position_of(first + caps[name]))
-        return canonical(out)
+        out = canonical(out)
+        # Spark plans the batch [start, out) next: the same indexes serve (their segment
+        # lists and entry headers are what ``out`` was made from).
+        self._indexes = (canonical(start), out, indexes)
+        return out
 
     def _limits(self, limit: Any) -> Limits | None:
         """What bounds the next batch: Spark's limit says whether to apply the options
@@ -557,9 +570,12 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     end: dict[str, str]) -> list[AsyncbkPartition]:
         ctx = await context_of(bk, self.opts.namespace)
         ranges: list[_Range] = []
+        known: dict[str, StreamIndex] = {}
+        if self._indexes is not None and self._indexes[:2] == (canonical(start), end):
+            known = self._indexes[2]
         for name in sorted(end):
             try:
-                idx = await StreamIndex.load(
+                idx = known.get(name) or await StreamIndex.load(
                     ctx, name, Position.parse(start[name]).segment if name in start else 0)
             except NoSuchStreamError:
                 _data_loss(self.opts, ctx.namespace, name, "the stream was deleted")
