@@ -350,3 +350,22 @@ def test_a_write_from_a_thread_of_its_own(spark: SparkSession,
     assert not t.is_alive() and not errors, errors
     assert sorted(r.data for r in read_stream(sc, ns, "threaded")) == \
         [b"t%d" % i for i in range(5)]
+
+
+def test_a_query_under_byte_and_minimum_limits(spark: SparkSession,
+                                               spark_cluster: ClusterThread, ns: str,
+                                               tmp_path: Any) -> None:
+    """Through Spark (Trigger.AvailableNow): maxBytesPerTrigger cuts 40 records of 5
+    bytes into batches of 10; minRecordsPerTrigger never holds an AvailableNow query
+    back (it would never finish), and every record is read once."""
+    from .test_streaming import Collector, run_available_now, source
+
+    sc = spark_cluster
+    write_timed(sc, ns, "q", 40, keyed=False)
+    df = source(spark, sc, ns, streams="q", startingPositions="earliest",
+                maxBytesPerTrigger=50, minRecordsPerTrigger=1000, maxTriggerDelay="1h")
+    sink = Collector()
+    run_available_now(df, sink, tmp_path / "ckpt")
+    sizes = [len(rows) for _, rows in sorted(sink.batches().items()) if rows]
+    assert sizes == [10, 10, 10, 10], sizes
+    assert sorted(d for _, _, _, d in sink.records()) == [b"r%04d" % i for i in range(40)]
