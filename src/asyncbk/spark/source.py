@@ -2,10 +2,11 @@
 
 Reads (batch and Structured Streaming) are planned on the driver from stream
 metadata and entry headers (:mod:`asyncbk.spark.plan`) and read by the tasks
-straight from the bookies, each with its own short-lived client and event loop,
-as Arrow record batches.  Writes go through staged ledgers adopted by one
-metadata transaction per batch (:mod:`asyncbk.stream.adopt`); see docs/spark.md
-for why a streaming write is exactly-once.
+straight from the bookies, as Arrow record batches, with the client their Python
+worker process keeps (:mod:`asyncbk.spark.runtime`).  Writes go through staged
+ledgers, a staged ledger per stream a task's rows name, adopted by one metadata
+transaction per batch across all its streams (:mod:`asyncbk.stream.adopt`); see
+docs/spark.md for why a streaming write is exactly-once.
 
 Everything Spark pickles (the source, readers, writers, partitions, commit
 messages) holds plain settings only; clients and event loops are made where
