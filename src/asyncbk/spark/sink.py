@@ -31,6 +31,7 @@ from ..client.client import BookKeeper
 from ..errors import BKError, InvalidNameError, NoSuchStreamError
 from ..log import get_logger
 from ..stream.adopt import (
+    INFLIGHT_ENTRIES,
     STREAMS_PER_BATCH_MAX,
     StagedLedger,
     StagedWriter,
@@ -51,6 +52,9 @@ from .runtime import TaskLoop, context_of, run_once
 
 WRITE_CHUNK_ROWS = 2048
 """Rows a task hands to its event loop at a time."""
+ROUTED_INFLIGHT_ENTRIES = 8
+"""Entries (of up to 1 MiB) a task writing a ``stream`` column keeps in flight per
+stream: at most 31 streams x 9 MiB."""
 
 _log = get_logger(component="spark")
 
@@ -215,7 +219,12 @@ class _TaskWrite:
                     "createStreams to true") from None
             await _create_stream(self.bk, ctx.namespace, stream)
             sm = await ctx.md.stream(ctx.namespace, stream)
-        writer = StagedWriter(ctx, stream, ctx.stream_config(sm), self.owner)
+        # A task routing rows to many streams keeps a writer for each: fewer entries
+        # in flight apiece keep the task's memory near a one-stream task's.
+        inflight = ROUTED_INFLIGHT_ENTRIES if self.layout.stream is not None \
+            else INFLIGHT_ENTRIES
+        writer = StagedWriter(ctx, stream, ctx.stream_config(sm), self.owner,
+                              inflight_entries=inflight)
         got = self.writers[stream] = (writer, await last_txid(ctx, stream) + 1)
         return got
 

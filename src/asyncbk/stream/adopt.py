@@ -75,12 +75,16 @@ class StagedWriter:
     """Writes records into a new staged ledger of ``stream`` (see the module docstring)."""
 
     def __init__(self, ctx: StreamContext, stream: str, config: StreamConfig, owner: str,
-                 entry_bytes: int = ENTRY_BYTES) -> None:
+                 entry_bytes: int = ENTRY_BYTES, inflight_entries: int = INFLIGHT_ENTRIES
+                 ) -> None:
         self.ctx = ctx
         self.stream = stream
         self.config = config
         self.owner = owner
         self.entry_bytes = entry_bytes
+        self.inflight_entries = max(1, inflight_entries)
+        """Entries sent and not yet acknowledged at most (with ``entry_bytes``, what the
+        writer holds in memory)."""
         self._lh: LedgerHandle | None = None
         self._txids: list[int] = []
         self._datas: list[bytes] = []
@@ -136,7 +140,7 @@ class StagedWriter:
             await self._open()
         lh = self._lh
         assert lh is not None
-        while len(self._inflight) >= INFLIGHT_ENTRIES:
+        while len(self._inflight) >= self.inflight_entries:
             done, _ = await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
             for fut in done:
                 self._inflight.discard(fut)
