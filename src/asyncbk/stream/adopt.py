@@ -13,6 +13,11 @@ writer at a time, exactly once:
    and removes their staging keys.  It applies whole or not at all, and a batch
    whose number the sink has recorded already is not applied again.
 3. :func:`sweep` deletes staged ledgers that no commit will adopt.
+
+:func:`adopt_streams` does step 2 for several streams at once, in one
+transaction, under a batch marker per sink and namespace (a Spark batch whose
+rows name their streams); :func:`sweep_owner` sweeps a sink's leftovers in every
+stream of the namespace.
 """
 
 from __future__ import annotations
