@@ -368,6 +368,11 @@ def _prepare(opts: WriteOptions, layout: RowLayout) -> None:
         if layout.stream is None:
             raise SparkOptionError(NO_STREAM)
         return
+    if layout.stream is not None:
+        _log.warning("the rows have a stream column: each goes to the stream it names, and "
+                     "only rows with a null one to the stream option's (drop the column to "
+                     "write every row there; a DataFrame read from asyncbk has one)",
+                     stream=opts.stream)
     stream = opts.stream
     run_once(opts, lambda bk: _create_stream(bk, opts.namespace, stream))
 
