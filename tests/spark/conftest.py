@@ -27,6 +27,7 @@ import uvloop
 from pyspark.sql import SparkSession
 
 from asyncbk.spark import local_session
+from asyncbk.spark.runtime import close_clients
 from asyncbk.stream.client import BookKeeper
 from asyncbk.testing import LocalCluster
 
@@ -72,6 +73,9 @@ class ClusterThread:
         return self.cluster.metadata_uri
 
     def stop(self) -> None:
+        # The tests that drive the source and sink in this process left clients to this
+        # cluster in the process's Spark worker loop: close them before the cluster goes.
+        close_clients()
         if self.cluster is not None:
             self.run(self.cluster.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)

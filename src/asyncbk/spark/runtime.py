@@ -196,6 +196,14 @@ class WorkerLoop:
             raise
 
 
+def close_clients() -> None:
+    """Close the clients this process keeps (a test harness does so before it stops
+    the cluster they talk to; Spark's workers close theirs at exit)."""
+    current = WorkerLoop._current
+    if current is not None:
+        current.shutdown()
+
+
 async def _close_quietly(bk: BookKeeper) -> None:
     try:
         async with asyncio.timeout(10):
