@@ -120,6 +120,14 @@ class WorkerLoop:
         self._connecting: dict[tuple[Any, ...], asyncio.Future[BookKeeper]] = {}
         atexit.register(self.shutdown)
 
+    @classmethod
+    def close_current(cls) -> None:
+        """Close the kept clients of this process's loop, if it has one."""
+        with cls._lock:
+            current = cls._current
+        if current is not None:
+            current.shutdown()
+
     def shutdown(self) -> None:
         """Close the kept clients (at the process's exit; bounded)."""
         if self.pid != os.getpid() or not self.thread.is_alive():
@@ -199,9 +207,7 @@ class WorkerLoop:
 def close_clients() -> None:
     """Close the clients this process keeps (a test harness does so before it stops
     the cluster they talk to; Spark's workers close theirs at exit)."""
-    current = WorkerLoop._current
-    if current is not None:
-        current.shutdown()
+    WorkerLoop.close_current()
 
 
 async def _close_quietly(bk: BookKeeper) -> None:
