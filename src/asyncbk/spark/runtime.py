@@ -168,17 +168,21 @@ class WorkerLoop:
             return got[0]
         pending = self._connecting.get(key)
         if pending is None:
-            pending = self._connecting[key] = asyncio.ensure_future(connect(access))
-            try:
-                bk = await asyncio.shield(pending)
-            finally:
-                self._connecting.pop(key, None)
-            self._clients[key] = (bk, now)
-            while len(self._clients) > CLIENTS_MAX:
-                _, (old, _) = self._clients.popitem(last=False)
-                await _close_quietly(old)
-            return bk
+            pending = self._connecting[key] = asyncio.ensure_future(self._connect(key, access))
+        # Shielded: a caller that gives up does not lose the client to the others (it
+        # is kept, and closed when idle or evicted).
         return await asyncio.shield(pending)
+
+    async def _connect(self, key: tuple[Any, ...], access: Access) -> BookKeeper:
+        try:
+            bk = await connect(access)
+        finally:
+            self._connecting.pop(key, None)
+        self._clients[key] = (bk, time.monotonic())
+        while len(self._clients) > CLIENTS_MAX:
+            _, (old, _) = self._clients.popitem(last=False)
+            await _close_quietly(old)
+        return bk
 
     async def forget(self, access: Access) -> None:
         """Drop (and close) the client of ``access``: the next call connects again."""

@@ -362,6 +362,15 @@ class TxnOps:
         return max(len(self.compare), len(self.put) + len(self.delete))
 
 
+def _staging_owner(value: bytes) -> str | None:
+    """The owner a staging record names (None: unreadable)."""
+    try:
+        owner = msgpack.unpackb(value, raw=False).get("owner")
+    except Exception:
+        return None
+    return owner if isinstance(owner, str) else None
+
+
 def _sink_batch(value: bytes) -> int:
     d = msgpack.unpackb(value, raw=False)
     return int(d["batch"]) if isinstance(d, dict) and "batch" in d else -1
@@ -650,11 +659,7 @@ class StreamMetadata:
         prefix = keys.staging_prefix(self.root, namespace, name)
         out: list[tuple[int, str | None]] = []
         for kv in await self.meta.kv_range(prefix):
-            try:
-                owner = msgpack.unpackb(kv.value, raw=False).get("owner")
-            except Exception:
-                owner = None
-            out.append((int(kv.key[len(prefix):]), owner))
+            out.append((int(kv.key[len(prefix):]), _staging_owner(kv.value)))
         return out
 
     async def staged_in_namespace(self, namespace: str) -> list[tuple[str, int, str | None]]:
@@ -662,12 +667,8 @@ class StreamMetadata:
         owner)`` (owner None: unreadable)."""
         out: list[tuple[str, int, str | None]] = []
         for kv in await self.meta.kv_range(keys.namespace_staging_prefix(self.root, namespace)):
-            try:
-                owner = msgpack.unpackb(kv.value, raw=False).get("owner")
-            except Exception:
-                owner = None
             stream, ledger_id = keys.staging_key_parts(self.root, namespace, kv.key)
-            out.append((stream, ledger_id, owner))
+            out.append((stream, ledger_id, _staging_owner(kv.value)))
         return out
 
     async def sink_mark(self, namespace: str, name: str, sink_id: str) -> SinkMark:
