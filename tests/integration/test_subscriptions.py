@@ -462,7 +462,9 @@ async def test_a_sigkilled_consumer_gets_every_record_at_least_once(cluster: Loc
         if seen:
             deliveries.append(seen)
         if lines and lines[-1] == "E":
-            assert proc.returncode == 0, err.decode()[-2000:]
+            # A kill may land after the consumer read the end but before it exited.
+            assert proc.returncode == 0 or (kill and proc.returncode == -signal.SIGKILL), \
+                err.decode()[-2000:]
             finished = True
             break
     assert finished, "the consumer never got to the end"
