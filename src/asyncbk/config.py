@@ -312,6 +312,13 @@ class ClientConfig:
     client_location: str = ""
     """This client's network location: reads ask replicas in its rack first, then in
     its region (``""``: no preference, the write set's order)."""
+    object_store_credentials_file: str = ""
+    """Tiered storage: the credentials this client reads offloaded segments with (an
+    AWS credentials file, or ``AWS_ACCESS_KEY_ID=...`` lines; ``""``: the ``AWS_*``
+    variables of the environment)."""
+    object_store_read_timeout_s: float = 60.0
+    """A read of an offloaded segment retries an object store that does not answer
+    for this long, then fails naming the object."""
 
     def validate(self) -> ClientConfig:
         _check_positive(self, "add_timeout_s", "read_timeout_s", "connect_timeout_s",
@@ -319,7 +326,7 @@ class ClientConfig:
                         "connection_requests_max", "ensemble_changes_max",
                         "reconnect_backoff_s_max", "ensemble_change_timeout_s",
                         "ensemble_change_backoff_s_max", "connection_write_buffer_bytes_max",
-                        "probe_timeout_s")
+                        "probe_timeout_s", "object_store_read_timeout_s")
         for name in ("speculative_read_timeout_s", "add_quorum_timeout_s",
                      "explicit_lac_interval_s", "bookie_quarantine_s"):
             if getattr(self, name) < 0:

@@ -182,6 +182,31 @@ class CorruptRecordError(BKError):
     stream writer, or damaged)."""
 
 
+class ObjectStoreError(BKError):
+    """An object-store request failed (tiered storage): the message names the store
+    and the object."""
+
+
+class ObjectStoreUnavailableError(ObjectStoreError):
+    """The object store did not answer in time, answered 5xx, or could not be reached;
+    the same request may succeed later."""
+
+    retriable = True
+
+
+class ObjectStoreAuthError(ObjectStoreError):
+    """The object store refused the credentials (or they are missing)."""
+
+
+class ObjectNotFoundError(ObjectStoreError):
+    """No such object, or no such bucket."""
+
+
+class CorruptObjectError(ObjectStoreError, CorruptRecordError):
+    """An offloaded segment's object does not match its format or checksums (damaged,
+    or not an asyncbk segment object)."""
+
+
 class ProtocolError(Exception):
     """Bad wire input: an oversized, truncated or malformed frame or message."""
 

@@ -20,6 +20,7 @@ from ..meta.model import DIGESTS, LedgerMetadata, LedgerState, new_metadata
 from ..meta.uri import open_metadata_store
 from ..net.channel import BookieClient
 from ..net.connector import Connector, tcp_connector
+from ..tiered.store import ObjectStores
 from ..topology import POLICIES
 from ..types import BookieId
 from .bookies import WRITABLE_STATE, BookieWatcher, RackMapping
@@ -209,6 +210,9 @@ class BookKeeper:
                                      bookies=self.bookies, placement=self.placement,
                                      quarantine=self.quarantine, stats=self.stats)
         """What handles and recoveries are given (they never hold the client)."""
+        self.objects = ObjectStores(
+            credentials_file=config.object_store_credentials_file or None)
+        """The object stores offloaded segments are read from, opened on first use."""
         self._closed = False
 
     def _on_bookie_registered(self, bookie: BookieId, session: Any) -> None:

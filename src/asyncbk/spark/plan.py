@@ -22,13 +22,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..client.client import BookKeeper
 from ..client.ledger import ReadHandle
 from ..errors import NoSuchLedgerError, TruncatedError
 from ..stream.codec import decode
 from ..stream.context import StreamContext
-from ..stream.meta import Segment
+from ..stream.meta import Offload, Segment
 from ..stream.position import Position
-from ..stream.segment_ledger import durable_end, open_for_read
+from ..stream.segment_ledger import SegmentEntries, durable_end, open_segment
+from ..tiered.reader import open_offloaded
 
 HEADER_CACHE_MAX = 4096
 
@@ -48,6 +50,8 @@ class Slice:
     """The time of the segment's format-1 records (its creation time)."""
     ts_floor_ms: int = 0
     """Records' times below it read as it (an adopted segment's floor)."""
+    offload: Offload | None = None
+    """Where the segment's object is, once offloaded (tasks read it from there)."""
 
     def keeps(self, entry: int, slot: int) -> bool:
         if entry == self.first_entry and slot < self.first_slot:
@@ -67,6 +71,19 @@ class Part:
     slices: tuple[Slice, ...]
 
 
+async def open_slice(bk: BookKeeper, sl: Slice) -> SegmentEntries:
+    """The entries of ``sl``'s segment: its object once offloaded (the ledger as the
+    fallback while it is on the bookies), else its ledger."""
+
+    async def bookies() -> ReadHandle:
+        return await bk.open_ledger(sl.ledger_id, recovery=False)
+
+    if sl.offload is None:
+        return await bookies()
+    return await open_offloaded(bk.objects, sl.offload, sl.ledger_id, bookies,
+                                timeout_s=bk.config.object_store_read_timeout_s)
+
+
 class StreamIndex:
     """Positions and sequence numbers of one stream, from one read of its segment list
     (make a new index to see later segments)."""
@@ -81,7 +98,7 @@ class StreamIndex:
         self.first = first if first is not None else (segments[0] if segments else None)
         """The stream's first segment (where it starts now)."""
         self.from_seq = from_seq
-        self._handles: dict[int, ReadHandle] = {}
+        self._handles: dict[int, SegmentEntries] = {}
         self._headers: dict[tuple[int, int], tuple[int, int]] = {}
         self._record_bytes: dict[int, float] = {}
         """Average record size (its data) in the last entry read, by ledger."""
@@ -102,11 +119,11 @@ class StreamIndex:
 
     # ---------------------------------------------------------------- entries
 
-    async def _handle(self, seg: Segment) -> ReadHandle:
+    async def _handle(self, seg: Segment) -> SegmentEntries:
         rh = self._handles.get(seg.ledger_id)
         if rh is None:
             try:
-                rh = await open_for_read(self.ctx, seg.ledger_id)
+                rh = await open_segment(self.ctx, seg)
             except NoSuchLedgerError:
                 raise TruncatedError(
                     f"stream {self.namespace}/{self.stream}: segment {seg.seq} (ledger "
@@ -283,7 +300,7 @@ class StreamIndex:
                                              and end_slot <= first_slot):
                 continue
             out.append(Slice(seg.seq, seg.ledger_id, first_entry, first_slot, stop_entry,
-                             end_slot, seg.ctime_ms, seg.ts_floor_ms))
+                             end_slot, seg.ctime_ms, seg.ts_floor_ms, seg.offload))
         return out
 
     async def parts(self, start: Position, end: Position, max_records: int) -> list[Part]:

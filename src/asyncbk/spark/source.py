@@ -59,7 +59,7 @@ from ..stream.subscription import mirror
 from .arrow import Piece, entry_columns, stream_batch
 from .errors import DataLossError, SparkOptionError
 from .options import ReadOptions, StartSpec, include_headers, read_options, write_options
-from .plan import Part, Slice, StreamIndex, canonical, partition_bound, split_limit
+from .plan import Part, Slice, StreamIndex, canonical, open_slice, partition_bound, split_limit
 from .runtime import LoopThread, TaskLoop, context_of, run_once
 from .sink import BatchWriter, MicroBatchWriter, row_layout
 
@@ -242,7 +242,7 @@ async def _read_slices(bk: BookKeeper, namespace: str, part: Part,
     stream = part.stream
     for sl in part.slices:
         try:
-            rh = await bk.open_ledger(sl.ledger_id, recovery=False)
+            rh = await open_slice(bk, sl)
         except NoSuchLedgerError:
             _data_loss(opts, namespace, stream, f"segment {sl.segment} (ledger {sl.ledger_id}) "
                                                 f"was removed before positions "

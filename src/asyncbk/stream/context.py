@@ -20,6 +20,7 @@ from ..clock import LOOP_CLOCK, Clock
 from ..config import ClientConfig
 from ..log import get_logger
 from ..meta.api import MetadataStore
+from ..tiered.store import ObjectStores
 from .codec import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
 from .meta import BatchedCas, StreamConfig, StreamMeta, StreamMetadata
 from .stats import StreamStats
@@ -53,6 +54,9 @@ class LedgerClient(LedgerOps, Protocol):
 
     @property
     def config(self) -> ClientConfig: ...
+
+    @property
+    def objects(self) -> ObjectStores: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,10 @@ class StreamContext:
     """``logger(**context)``: a structlog logger with ``context`` bound."""
     cas: BatchedCas = field(default_factory=BatchedCas)
     """Coalesces the subscriptions' cursor writes into shared transactions."""
+    objects: ObjectStores = field(default_factory=ObjectStores)
+    """The object stores offloaded segments are read from (the client's)."""
+    object_read_timeout_s: float = 60.0
+    """How long a read of an offloaded segment retries a store that does not answer."""
 
     @classmethod
     def create(cls, client: LedgerClient, namespace: str, defaults: StreamConfig, *,
@@ -103,7 +111,8 @@ class StreamContext:
                    defaults=defaults, stats=stats if stats is not None else StreamStats(),
                    limits=StreamLimits.from_frame_bytes_max(client.config.frame_bytes_max),
                    rng=rng if rng is not None else random.Random(), clock=clock,
-                   logger=get_logger)
+                   logger=get_logger, objects=client.objects,
+                   object_read_timeout_s=client.config.object_store_read_timeout_s)
 
     def stream_config(self, sm: StreamMeta) -> StreamConfig:
         """The settings of the stream ``sm``: the namespace's, with its overrides."""

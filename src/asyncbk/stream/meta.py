@@ -117,6 +117,15 @@ class StreamConfig:
     subscription_ack_interval_s: float = 1.0
     """How often a consumer persists its acknowledgements (at most one metadata write
     per subscription per interval; ``sub.flush()`` persists at once)."""
+    offload_after_s: float = 0.0
+    """Tiered storage: the offloader copies a completed segment to the object store
+    once it was completed this long ago (0: not by age)."""
+    offload_after_bytes: int = 0
+    """Tiered storage: the offloader also copies the oldest completed segments while
+    the stream keeps more than this many bytes on the bookies alone (0: no bound)."""
+    offload_deletion_lag_s: float = 4 * 3600.0
+    """How long an offloaded segment's ledger stays on the bookies after its object
+    was verified and recorded (readers fall back to it while the store fails)."""
 
     def validate(self) -> StreamConfig:
         if not (self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1):
@@ -126,7 +135,8 @@ class StreamConfig:
         if self.digest not in DIGESTS:
             raise ConfigError(f"unknown digest {self.digest!r}; choose one of {', '.join(DIGESTS)}")
         for name in ("rolling_bytes", "rolling_s", "rolling_entries", "retention_s",
-                     "backlog_quota_bytes", "backlog_quota_s"):
+                     "backlog_quota_bytes", "backlog_quota_s", "offload_after_s",
+                     "offload_after_bytes", "offload_deletion_lag_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         if not 0 < self.subscription_ack_interval_s <= 3600:
@@ -174,8 +184,11 @@ setting of the client that writes the segment."""
 
 
 _LATER_FIELDS: dict[str, Any] = {"backlog_quota_bytes": 0, "backlog_quota_s": 0.0,
-                                 "subscription_ack_interval_s": 1.0}
-"""Settings added with subscriptions, and their defaults (left out when at them)."""
+                                 "subscription_ack_interval_s": 1.0,
+                                 "offload_after_s": 0.0, "offload_after_bytes": 0,
+                                 "offload_deletion_lag_s": 4 * 3600.0}
+"""Settings added with subscriptions and tiered storage, and their defaults (left out
+when at them)."""
 
 
 def placement_spec(config: StreamConfig) -> PlacementSpec | None:
@@ -231,6 +244,39 @@ def _unpack(kv: KeyValue, what: str) -> dict[str, Any]:
 OPEN = "open"
 COMPLETED = "completed"
 
+BOOKIES = "bookies"
+BOOKIES_AND_OBJECT = "bookies+object"
+OBJECT = "object"
+
+
+@dataclass(frozen=True, slots=True)
+class Offload:
+    """Where a segment's offloaded copy is (tiered storage): the object store's URI
+    (no secrets), the object's key under its prefix, the object's layout (see
+    :mod:`asyncbk.tiered.format`), when it was recorded, and when the ledger was
+    deleted from the bookies (0: not yet)."""
+
+    store: str
+    key: str
+    size: int
+    index_offset: int
+    index_length: int
+    digest: int
+    format: int
+    last_entry: int
+    """The ledger's last entry (the object holds entries 0 to it)."""
+    offloaded_ms: int
+    ledger_deleted_ms: int = 0
+
+    @classmethod
+    def from_record(cls, d: object, where: str) -> Offload:
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: offload record is not a map")
+        try:
+            return cls(**{k: v for k, v in d.items() if k in _OFFLOAD_FIELDS})
+        except TypeError as exc:
+            raise ConfigError(f"{where}: offload record is incomplete: {exc}") from None
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -260,7 +306,17 @@ class Segment:
     ts_floor_ms: int = 0
     """Record times below this read as this (a staged ledger adopted after records of
     a later time: stream times never decrease)."""
+    offload: Offload | None = None
+    """Its copy in the object store (None: on the bookies only)."""
     version: int = 0
+
+    @property
+    def storage(self) -> str:
+        """``"bookies"``, ``"bookies+object"`` (offloaded, the ledger not yet deleted)
+        or ``"object"``."""
+        if self.offload is None:
+            return BOOKIES
+        return OBJECT if self.offload.ledger_deleted_ms else BOOKIES_AND_OBJECT
 
     @property
     def completed(self) -> bool:
@@ -292,19 +348,24 @@ class Segment:
     def to_bytes(self) -> bytes:
         d = dataclasses.asdict(self)
         d.pop("version")
+        if d["offload"] is None:  # (records of segments never offloaded stay as they were)
+            d.pop("offload")
         return _pack(d)
 
     @classmethod
     def from_kv(cls, kv: KeyValue) -> Segment:
         d = _unpack(kv, "segment")
+        fields = {k: v for k, v in d.items() if k in _SEGMENT_FIELDS}
+        if fields.get("offload") is not None:
+            fields["offload"] = Offload.from_record(fields["offload"], f"segment at {kv.key}")
         try:
-            return cls(**{k: v for k, v in d.items() if k in _SEGMENT_FIELDS},
-                       version=kv.version)
+            return cls(**fields, version=kv.version)
         except TypeError as exc:
             raise ConfigError(f"segment record at {kv.key} is incomplete: {exc}") from None
 
 
 _SEGMENT_FIELDS = {f.name for f in dataclasses.fields(Segment)} - {"version"}
+_OFFLOAD_FIELDS = {f.name for f in dataclasses.fields(Offload)}
 
 
 @dataclass(frozen=True)
@@ -615,6 +676,17 @@ class StreamMetadata:
         ops.delete += [keys.segment(self.root, ns, name, s.seq) for s in drop]
         ops.delete += [keys.staging(self.root, ns, name, ledger_id) for ledger_id in unstage]
         return new_sm, ops
+
+    async def put_segment(self, namespace: str, name: str, seg: Segment) -> Segment:
+        """Rewrite one completed segment's record (its offload), if it is still at the
+        version read: MetadataVersionError if it changed or is gone (truncated, the
+        stream deleted).  The stream record is not compared: writers rolling meanwhile
+        do not disturb it, and whatever drops the segment compares its version."""
+        key = keys.segment(self.root, namespace, name, seg.seq)
+        if seg.version <= 0:
+            raise ValueError("put_segment rewrites a segment read from the store")
+        version = await self.meta.kv_txn([(key, seg.version)], put=[(key, seg.to_bytes())])
+        return dataclasses.replace(seg, version=version)
 
     async def apply(self, ops: TxnOps) -> int:
         """Send ``ops`` as one transaction; its revision.  MetadataVersionError if a

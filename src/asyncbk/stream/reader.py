@@ -31,7 +31,7 @@ from .codec import Batch, timestamp_bounds, unpack_extras
 from .context import StreamContext
 from .meta import Segment
 from .position import Position, make_position
-from .segment_ledger import decode_entry, open_for_read
+from .segment_ledger import decode_entry, open_for_read, open_segment, reread_segment
 
 SEGMENT_POLL_S = 0.02
 """First pause between two looks for a segment that does not exist yet (it doubles)."""
@@ -221,10 +221,11 @@ class StreamReader:
                 first_entry = first_slot = 0
             seq = seg.seq
             try:
-                rh = await open_for_read(ctx, seg.ledger_id)
+                rh = await open_segment(ctx, seg)
             except NoSuchLedgerError:
-                segs = await ctx.md.segments(ctx.namespace, name)
-                now = next((s for s in segs if s.seq == seg.seq), None)
+                now = await reread_segment(ctx, name, seg.seq)
+                if now is not None and now.offload is not None:
+                    continue  # offloaded and its ledger deleted since it was read: again
                 if now is None:
                     raise TruncatedError(
                         f"stream {self.namespace}/{name}: segment {seg.seq} was removed "
@@ -236,18 +237,25 @@ class StreamReader:
                 raise CorruptRecordError(
                     f"stream {self.namespace}/{name}: the ledger {seg.ledger_id} of segment "
                     f"{seg.seq} does not exist") from None
-            async for entry in rh.tail(first_entry, poll_s=LAC_POLL_S):
-                where = f"stream {self.namespace}/{name} segment {seq} entry {entry.entry_id}"
-                batch = decode_entry(seg, entry.data, where)
-                if batch.end_of_stream:
-                    await self._queue.put(EndOfStreamError(
-                        f"stream {self.namespace}/{name} was ended after its last record"))
-                    return
-                records = batch_records(name, seq, entry.entry_id, batch,
-                                        first_slot if entry.entry_id == first_entry else 0,
-                                        where)
-                if records:
-                    await self._queue.put(records)
+            try:
+                async for entry in rh.tail(first_entry, poll_s=LAC_POLL_S):
+                    where = f"stream {self.namespace}/{name} segment {seq} entry {entry.entry_id}"
+                    batch = decode_entry(seg, entry.data, where)
+                    if batch.end_of_stream:
+                        await self._queue.put(EndOfStreamError(
+                            f"stream {self.namespace}/{name} was ended after its last record"))
+                        return
+                    records = batch_records(name, seq, entry.entry_id, batch,
+                                            first_slot if entry.entry_id == first_entry else 0,
+                                            where)
+                    if records:
+                        await self._queue.put(records)
+                    first_entry, first_slot = entry.entry_id + 1, 0
+            except NoSuchLedgerError:
+                now = await reread_segment(ctx, name, seq)
+                if now is None or now.offload is None:
+                    raise
+                continue  # its ledger was deleted once offloaded: read on from the object
             seq += 1
             first_entry = first_slot = 0
 
@@ -319,7 +327,8 @@ async def _position_of_txid(ctx: StreamContext, segs: list[Segment], max_seq: in
                   None)
     if target is None:
         return Position(max_seq + 1, 0, 0)
-    rh = await open_for_read(ctx, target.ledger_id)
+    rh = await open_segment(ctx, target) if target.completed else await open_for_read(
+        ctx, target.ledger_id)
     last = target.last_entry if target.completed else rh.last_add_confirmed
     where = f"stream {ctx.namespace} segment {target.seq}"
 
@@ -357,7 +366,8 @@ async def position_of_time(ctx: StreamContext, segs: list[Segment], max_seq: int
         return Position(max_seq + 1, 0, 0)
     if target.completed and target.first_ts >= timestamp_ms:
         return target.first_position
-    rh = await open_for_read(ctx, target.ledger_id)
+    rh = await open_segment(ctx, target) if target.completed else await open_for_read(
+        ctx, target.ledger_id)
     last = target.last_entry if target.completed else rh.last_add_confirmed
     where = f"stream {ctx.namespace} segment {target.seq}"
     floor = target.ts_floor_ms

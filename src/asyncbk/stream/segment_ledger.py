@@ -10,16 +10,18 @@ retention) and Spark's planner all go through these functions, given a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..errors import BKError, NoSuchLedgerError
+from ..tiered.reader import open_offloaded
 from .codec import Batch, decode
 from .context import StreamContext
 from .meta import COMPLETED, Segment, StreamConfig, placement_spec
 
 if TYPE_CHECKING:
     from ..client.ledger import LedgerHandle, ReadHandle
+    from ..types import LedgerEntry
 
 STREAM_KEY = "asyncbk.stream"
 """Custom ledger metadata: ``namespace/stream`` of the stream the ledger belongs to."""
@@ -161,7 +163,56 @@ async def open_for_read(ctx: StreamContext, ledger_id: int) -> ReadHandle:
     return await ctx.ledgers.open_ledger(ledger_id, recovery=False)
 
 
-def durable_end(rh: ReadHandle) -> int:
+class LedgerView(Protocol):
+    """What readers look at in a ledger's metadata."""
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    @property
+    def last_entry_id(self) -> int: ...
+
+
+class SegmentEntries(Protocol):
+    """The entries of a segment, wherever they are: a ledger's read handle, or an
+    offloaded segment's reader (:class:`~asyncbk.tiered.reader.ObjectSegmentReader`)."""
+
+    @property
+    def metadata(self) -> LedgerView: ...
+
+    @property
+    def last_add_confirmed(self) -> int: ...
+
+    async def read(self, first_entry: int, last_entry: int) -> list[LedgerEntry]: ...
+
+    async def read_unconfirmed(self, first_entry: int, last_entry: int) -> list[LedgerEntry]: ...
+
+    def tail(self, start: int = 0, poll_s: float = 1.0) -> AsyncIterator[LedgerEntry]: ...
+
+
+async def open_segment(ctx: StreamContext, seg: Segment) -> SegmentEntries:
+    """The entries of ``seg``: its ledger's, or, once it is offloaded, its object's (with
+    the ledger as the fallback while it is still on the bookies).  NoSuchLedgerError if
+    it is on the bookies only and its ledger is gone."""
+    if seg.offload is None:
+        return await open_for_read(ctx, seg.ledger_id)
+
+    async def bookies() -> ReadHandle:
+        return await open_for_read(ctx, seg.ledger_id)
+
+    return await open_offloaded(ctx.objects, seg.offload, seg.ledger_id, bookies,
+                                size_bytes=seg.size_bytes, timeout_s=ctx.object_read_timeout_s,
+                                sleep=ctx.clock.sleep,
+                                log=ctx.log(segment=seg.seq, ledger_id=seg.ledger_id))
+
+
+async def reread_segment(ctx: StreamContext, stream: str, seq: int) -> Segment | None:
+    """Segment ``seq`` as the metadata has it now (None: gone)."""
+    got = await ctx.md.segments(ctx.namespace, stream, from_seq=seq, limit=1)
+    return got[0] if got and got[0].seq == seq else None
+
+
+def durable_end(rh: SegmentEntries) -> int:
     """The last entry of a ledger that readers may take as final: a closed ledger's
     last entry, an open one's LAC."""
     md = rh.metadata

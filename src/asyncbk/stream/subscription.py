@@ -52,7 +52,7 @@ from .cursor import CursorState, Release, release
 from .meta import Segment, StreamMeta
 from .position import Position
 from .reader import StreamReader, StreamRecord, resolve_start
-from .segment_ledger import decode_entry, durable_end, open_for_read
+from .segment_ledger import decode_entry, durable_end, open_for_read, open_segment
 
 SUBSCRIPTION_NAME_BYTES_MAX = 128
 
@@ -536,7 +536,7 @@ class _Entries:
         if got is None:
             rh = self.handles.get(seg.ledger_id)
             if rh is None:
-                rh = self.handles[seg.ledger_id] = await open_for_read(self.ctx, seg.ledger_id)
+                rh = self.handles[seg.ledger_id] = await open_segment(self.ctx, seg)
             data = (await rh.read_unconfirmed(entry, entry))[0].data
             got = decode_entry(seg, data, f"stream {self.ctx.namespace} segment {seg.seq} "
                                           f"entry {entry}")
