@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import NoReturn, Protocol
 
 from .._version import __version__
-from . import autorecovery, bench_args, bookie, shell, standalone, stream
+from . import autorecovery, bench_args, bookie, offload, shell, standalone, stream
 from .common import EXIT_USAGE, Parser, Subparsers, one_line_errors
 
 
@@ -32,6 +32,7 @@ COMMANDS: dict[str, Command] = {
     "standalone": standalone,
     "bookie": bookie,
     "autorecovery": autorecovery,
+    "offload": offload,
     "bench": bench_args,
     "stream": stream,
     "shell": shell,

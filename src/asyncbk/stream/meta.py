@@ -268,6 +268,12 @@ class Offload:
     offloaded_ms: int
     ledger_deleted_ms: int = 0
 
+    @property
+    def object_uri(self) -> str:
+        """The object's full name: ``s3://bucket/prefix/key[?endpoint=...]``."""
+        base, sep, query = self.store.partition("?")
+        return f"{base.rstrip('/')}/{self.key}{sep}{query}"
+
     @classmethod
     def from_record(cls, d: object, where: str) -> Offload:
         if not isinstance(d, dict):

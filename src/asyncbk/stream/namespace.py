@@ -11,11 +11,18 @@ from ..clock import LOOP_CLOCK, Clock
 from ..errors import EndOfStreamError, MetadataVersionError, NoSuchStreamError
 from .adopt import sweep
 from .context import StreamContext
-from .meta import StreamConfig, StreamMeta, StreamMetadata, check_stream_name, config_from
+from .meta import (
+    BOOKIES,
+    StreamConfig,
+    StreamMeta,
+    StreamMetadata,
+    check_stream_name,
+    config_from,
+)
 from .position import Position
 from .reader import StreamReader, StreamRecord, resolve_start
 from .retention import apply_retention, drop_segments, segments_before
-from .segment_ledger import delete_ledger, fence_ledger
+from .segment_ledger import delete_segment_data, fence_ledger
 from .stats import StreamStats
 from .subscription import Subscription, SubscriptionInfo, infos, seek, subscribe
 from .subscription import delete as delete_subscription
@@ -43,6 +50,11 @@ class SegmentInfo:
     """Its first record's timestamp (None: open, or no record)."""
     last_timestamp_ms: int | None = None
     """Its last record's timestamp (None: open, or no record)."""
+    storage: str = BOOKIES
+    """``"bookies"``, ``"bookies+object"`` (offloaded, its ledger not yet deleted) or
+    ``"object"``."""
+    object: str | None = None
+    """Its object (``s3://bucket/prefix/key``) once offloaded."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +139,7 @@ class Namespace:
                     if not seg.completed:
                         await fence_ledger(self.context, seg.ledger_id)
         for seg in segs:
-            await delete_ledger(self.context, seg.ledger_id)
+            await delete_segment_data(self.context, seg)
         await sweep(self.context, name)  # ledgers staged for it by Spark tasks
         self._log.info("stream deleted", stream=name, segments=len(segs))
 
@@ -230,7 +242,8 @@ class Namespace:
                              s.first_txid, s.last_txid, s.records, s.start_sequence, s.size_bytes,
                              s.ctime_ms, s.completion_ms,
                              s.first_ts if s.completed and s.records else None,
-                             s.last_ts if s.completed and s.records else None) for s in segs]
+                             s.last_ts if s.completed and s.records else None, s.storage,
+                             s.offload.object_uri if s.offload else None) for s in segs]
         last = next((s.last_position for s in reversed(segs) if s.last_position is not None),
                     None)
         return StreamInfo(self.name, name, await self.stream_config(sm), sm.ended, infos,

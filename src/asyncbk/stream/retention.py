@@ -18,7 +18,7 @@ from ..errors import BKError, MetadataVersionError
 from .context import StreamContext
 from .meta import Segment, StreamMeta
 from .position import Position
-from .segment_ledger import delete_ledger
+from .segment_ledger import delete_segment_data
 from .subscription import infos, let_go, report_release
 
 
@@ -77,7 +77,7 @@ async def drop_segments(ctx: StreamContext, stream: str, doomed: Callable[[Segme
         if released is not None:
             report_release(ctx, stream, released, asked)
         for s in gone:
-            await delete_ledger(ctx, s.ledger_id)
+            await delete_segment_data(ctx, s)
         ctx.log().info(f"segments {why}", stream=stream, segments=[s.seq for s in gone])
         return len(gone)
 

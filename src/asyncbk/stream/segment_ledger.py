@@ -230,6 +230,22 @@ async def discard_ledger(ctx: StreamContext, lh: LedgerHandle) -> None:
                           error=str(exc))
 
 
+async def delete_segment_data(ctx: StreamContext, seg: Segment) -> None:
+    """Delete a dropped segment's ledger and, if it was offloaded, its object (a
+    failure to delete the object is logged: the offloader's sweep removes objects no
+    segment names)."""
+    if seg.offload is None or not seg.offload.ledger_deleted_ms:
+        await delete_ledger(ctx, seg.ledger_id)
+    if seg.offload is not None:
+        try:
+            store = await ctx.objects.get(seg.offload.store)
+            await store.delete(seg.offload.key)
+        except BKError as exc:
+            ctx.log().warning("could not delete a dropped segment's object; the offloader's "
+                              "sweep will", segment=seg.seq,
+                              object=f"{seg.offload.store}/{seg.offload.key}", error=str(exc))
+
+
 async def delete_ledger(ctx: StreamContext, ledger_id: int) -> None:
     """Delete a segment's ledger (one that is gone already is fine)."""
     try:

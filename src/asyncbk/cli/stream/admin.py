@@ -222,7 +222,7 @@ def _print_info(info: Any, rows: list[dict[str, Any]]) -> None:
         print("no segments yet (nothing was ever written)")
         return
     head = ["seq", "ledger", "state", "first", "last", "first_txid", "last_txid", "records",
-            "bytes", "created", "completed"]
+            "bytes", "created", "completed", "storage"]
     table = [head]
     for r in rows:
         def cell(key: str, row: dict[str, Any] = r) -> str:
@@ -233,7 +233,7 @@ def _print_info(info: Any, rows: list[dict[str, Any]]) -> None:
         table.append([cell("seq"), cell("ledger_id"), state, cell("first_position"),
                       cell("last_position"), cell("first_txid"), cell("last_txid"),
                       cell("records"), cell("size_bytes"), _fmt_ms(r["ctime_ms"]),
-                      _fmt_ms(r["completion_ms"])])
+                      _fmt_ms(r["completion_ms"]), r["storage"]])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

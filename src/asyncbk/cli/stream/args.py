@@ -116,6 +116,14 @@ SETTINGS: list[tuple[str, str, Callable[[str], Any], str, str]] = [
     ("--subscription-ack-interval-s", "subscription_ack_interval_s", _seconds, "SECONDS",
      "how often a consumer persists its acknowledgements (one metadata write per "
      "subscription per interval at most)"),
+    ("--offload-after-s", "offload_after_s", _seconds, "SECONDS",
+     "tiered storage: `asyncbk offload` copies segments completed longer ago than this to "
+     "the object store (0: not by age)"),
+    ("--offload-after-bytes", "offload_after_bytes", _size, "BYTES",
+     "tiered storage: ... and the oldest while the stream keeps more than this on the "
+     "bookies alone (suffixes K, M, G; 0: no bound)"),
+    ("--offload-deletion-lag-s", "offload_deletion_lag_s", _seconds, "SECONDS",
+     "tiered storage: how long an offloaded segment's ledger stays on the bookies"),
 ]
 """The stream settings ``create-namespace`` takes (its streams' defaults) and
 ``create`` may override."""

@@ -26,7 +26,10 @@ async def segment_rows(ns: Any, info: Any) -> list[dict[str, Any]]:
             "completion_ms": s.completion_ms or None,
             "first_timestamp_ms": s.first_timestamp_ms,
             "last_timestamp_ms": s.last_timestamp_ms,
+            "storage": s.storage,
         }
+        if s.object is not None:
+            row["object"] = s.object
         if s.state != "completed":
             row.update(await _durable_so_far(ns, s.seq, s.ledger_id))
         rows.append(row)
