@@ -44,7 +44,7 @@ BLOCK_CACHE = 8
 INDEX_CACHE_MAX = 256
 """Indexes a process keeps (one per offloaded segment read lately)."""
 
-_indexes: collections.OrderedDict[tuple[str, str], ObjectIndex] = collections.OrderedDict()
+_indexes: collections.OrderedDict[tuple[str, str, int], ObjectIndex] = collections.OrderedDict()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,7 @@ class ObjectSegmentReader:
 
     async def index(self) -> ObjectIndex:
         """The object's index (read once per process while it stays cached)."""
-        cache_key = (self._offload.store, self._offload.key)
+        cache_key = (self._offload.store, self._offload.key, self._offload.digest)
         idx = _indexes.get(cache_key)
         if idx is not None:
             _indexes.move_to_end(cache_key)
