@@ -18,6 +18,7 @@ from .common import (
     port,
     run_async,
 )
+from .offload import add_offload_options, object_store_of, offloader_options
 from .security import add_etcd_security_options
 
 
@@ -65,6 +66,9 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
                    "the tokens in this file (one per line)")
     add_etcd_security_options(p)
     add_autorecovery_options(p)
+    t = p.add_argument_group("tiered storage", "run the offloader in this process (one "
+                             "process at a time makes passes, of all those running it)")
+    add_offload_options(t, "--offload-object-store")
     g = p.add_argument_group("placement of --autorecovery's copies",
                              "the placement settings of the in-process auto-recovery's client")
     add_client_placement_options(g)
@@ -129,24 +133,52 @@ def run(args: argparse.Namespace) -> int:
     if args.fix_placement and not args.autorecovery:
         raise CliError("--fix-placement is an auto-recovery option: give --autorecovery too")
     configure_logging(args)
-    if not args.autorecovery:
+    store = object_store_of(args) if args.object_store else None
+    if store is None and not args.autorecovery:
         return run_async(lambda: run_bookie(config))
-    ar_config = autorecovery_config(args)
+    ar_config = autorecovery_config(args) if args.autorecovery else None
+    off_options = offloader_options(args) if store is not None else None
 
     async def companion(server: Any) -> Any:
         from ..autorecovery.http import AutoRecoveryCollector, routes
         from ..autorecovery.service import AutoRecovery
         from ..client.client import BookKeeper
+        from ..tiered.service import OffloadService
 
         security = await asyncio.to_thread(_bookie_client_security, config)
-        bk = await BookKeeper.connect(config.metadata_uri, **security, **placement)
-        ar = AutoRecovery(bk, ar_config, process_id=f"bookie-{server.bookie_id}",
-                          owns_client=True)
-        server.http_extra_routes.extend(routes(ar))
-        server.http_extra_collectors.append(AutoRecoveryCollector(ar))
-        return ar
+        parts: list[Any] = []
+        if ar_config is not None:
+            bk = await BookKeeper.connect(config.metadata_uri, **security, **placement)
+            ar = AutoRecovery(bk, ar_config, process_id=f"bookie-{server.bookie_id}",
+                              owns_client=True)
+            server.http_extra_routes.extend(routes(ar))
+            server.http_extra_collectors.append(AutoRecoveryCollector(ar))
+            parts.append(ar)
+        if store is not None:
+            bk = await BookKeeper.connect(config.metadata_uri, **security)
+            assert off_options is not None
+            parts.append(OffloadService(bk, store, off_options, args.offload_interval_s,
+                                        f"bookie-{server.bookie_id}", owns_client=True))
+        return Companions(parts)
 
     return run_async(lambda: run_bookie(config, companion_factory=companion))
+
+
+class Companions:
+    """Auto-recovery and the offloader beside a bookie: started in order, closed in
+    reverse."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+    async def start(self) -> None:
+        for part in self.parts:
+            await part.start()
+
+    async def close(self) -> None:
+        """Close every part (each may never have started)."""
+        for part in reversed(self.parts):
+            await part.close()
 
 
 def _bookie_client_security(config: Any) -> dict[str, Any]:

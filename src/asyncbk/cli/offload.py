@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import socket
 import sys
 from typing import Any
 
@@ -25,7 +27,7 @@ from .common import (
 from .security import add_client_security_options
 
 
-def add_offload_options(p: argparse.ArgumentParser, flag: str = "--object-store") -> None:
+def add_offload_options(p: argparse._ActionsContainer, flag: str = "--object-store") -> None:
     """Where to offload and how fast (see :func:`offloader_options`)."""
     p.add_argument(flag, dest="object_store", metavar="URI",
                    required=flag == "--object-store",
@@ -121,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         from ..tiered.offload import Offloader
+        from ..tiered.service import OffloadService
 
         await check_store(store)
         stop = asyncio.Event()
@@ -136,11 +139,18 @@ def run(args: argparse.Namespace) -> int:
                     print(f"failed: {line}", file=sys.stderr)
                 print(_summary(report), flush=True)
                 return 1 if report.failures else 0
-            print(f"ready offload to {store.uri}", flush=True)
-            await offloader.run(args.offload_interval_s, stop, args.namespaces,
-                                on_pass=lambda r: print(_summary(r), flush=True)
-                                if r.offloaded or r.ledgers_deleted or r.swept or r.failures
-                                else None)
+            service = OffloadService(
+                bk, store, options, args.offload_interval_s, f"offload-{socket.gethostname()}-"
+                f"{os.getpid()}", namespaces=args.namespaces,
+                progress=lambda line: print(line, flush=True),
+                on_pass=lambda r: print(_summary(r), flush=True)
+                if r.offloaded or r.ledgers_deleted or r.swept or r.failures else None)
+            await service.start()
+            try:
+                print(f"ready offload to {store.uri}", flush=True)
+                await stop.wait()
+            finally:
+                await service.close()
             return 0
         finally:
             await bk.close()

@@ -121,6 +121,11 @@ AUDITOR_LOCK = "auditor"
 """The lock whose holder is the elected auto-recovery auditor."""
 
 
+OFFLOADER_LOCK = "offloader"
+"""The lock whose holder runs the tiered-storage offloader's passes (one process at a
+time of those started with an object store)."""
+
+
 def ledger_lock(ledger_id: int) -> str:
     """The lock on one ledger held by whoever changes where its replicas are: replication
     workers, ``shell recover``, and a bookie's GC dropping a copy it no longer owns."""
