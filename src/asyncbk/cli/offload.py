@@ -55,11 +55,11 @@ def add_offload_options(p: argparse._ActionsContainer, flag: str = "--object-sto
 
 def offloader_options(args: argparse.Namespace) -> Any:
     """The ``OffloaderOptions`` of :func:`add_offload_options`' options."""
-    from ..tiered.offload import OffloaderOptions, hold_step_from_env
+    from ..tiered.offload import OffloaderOptions
 
     return OffloaderOptions(segments_per_pass=args.segments_per_pass,
                             rate_bytes_per_s=args.rate_mbps * 1_000_000,
-                            sweep_grace_s=args.sweep_grace_s, hold_at=hold_step_from_env())
+                            sweep_grace_s=args.sweep_grace_s)
 
 
 def object_store_of(args: argparse.Namespace) -> Any:
@@ -122,8 +122,11 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args, "warning")
 
     async def go() -> int:
-        from ..tiered.offload import Offloader
+        from ..tiered.offload import Offloader, hold_hook_from_env
         from ..tiered.service import OffloadService
+
+        def say(line: str) -> None:
+            print(line, flush=True)
 
         await check_store(store)
         stop = asyncio.Event()
@@ -131,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
         bk = await connect_client(args, options={})
         try:
             await require_cluster(bk, args.metadata_uri)
-            offloader = Offloader(bk, store, options,
-                                  progress=lambda line: print(line, flush=True))
+            offloader = Offloader(bk, store, options, progress=say,
+                                  step_hook=hold_hook_from_env(say))
             if args.once:
                 report = await offloader.run_pass(args.namespaces)
                 for line in report.failures:
@@ -142,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
             service = OffloadService(
                 bk, store, options, args.offload_interval_s, f"offload-{socket.gethostname()}-"
                 f"{os.getpid()}", namespaces=args.namespaces,
-                progress=lambda line: print(line, flush=True),
+                progress=say, step_hook=hold_hook_from_env(say),
                 on_pass=lambda r: print(_summary(r), flush=True)
                 if r.offloaded or r.ledgers_deleted or r.swept or r.failures else None)
             await service.start()

@@ -75,9 +75,9 @@ SWEEP_GRACE_S_DEFAULT = 3600.0
 (it may be a copy in progress)."""
 SEGMENTS_PER_PASS_DEFAULT = 16
 HOLD_ENV = "ASYNCBK_OFFLOAD_HOLD_AT"
-"""Testing seam: the offloader stops at this step (``uploading``, ``uploaded``,
-``verified``, ``recorded``, ``ledger-deleted``), says so on stdout, and waits to be
-killed: the crash tests SIGKILL it there."""
+"""Testing seam of ``asyncbk offload``: the offloader stops at this step (one of
+:data:`STEPS`), prints ``HOLD <step>``, and waits to be killed: the crash tests
+SIGKILL it there."""
 STEPS = ("uploading", "uploaded", "verified", "recorded", "ledger-deleted")
 
 
@@ -127,11 +127,11 @@ class OffloaderOptions:
     sweep_grace_s: float = SWEEP_GRACE_S_DEFAULT
     retries: int = 3
     """Tries of one step against a store that does not answer (with back-off)."""
-    hold_at: str | None = None
-    """See HOLD_ENV."""
 
 
 Progress = Callable[[str], None]
+StepHook = Callable[[str], Awaitable[None]]
+"""Called as each segment reaches a step of :data:`STEPS` (tests race the protocol)."""
 
 
 class Offloader:
@@ -140,7 +140,7 @@ class Offloader:
 
     def __init__(self, client: LedgerClient, store: ObjectStore,
                  options: OffloaderOptions | None = None, *, clock: Clock = LOOP_CLOCK,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, step_hook: StepHook | None = None) -> None:
         self.client = client
         self.store = store
         self.options = options or OffloaderOptions()
@@ -149,15 +149,15 @@ class Offloader:
         self.rate = RateLimit(self.options.rate_bytes_per_s, clock)
         self._log = get_logger(component="offloader", store=str(store.uri))
         self._progress = progress or (lambda line: None)
+        self._step_hook = step_hook
         client.objects.add(store)  # this client's reads of what it offloads use it too
 
     def _now_ms(self) -> int:
         return int(self.clock.wall_s() * 1000)
 
     async def _hold(self, step: str) -> None:
-        if self.options.hold_at == step:
-            self._progress(f"HOLD {step}")
-            await asyncio.Event().wait()  # until killed
+        if self._step_hook is not None:
+            await self._step_hook(step)
 
     # ------------------------------------------------------------------ passes
 
@@ -471,7 +471,16 @@ class Offloader:
         return True
 
 
-def hold_step_from_env() -> str | None:
-    """The testing seam's step (HOLD_ENV), if set and known."""
+def hold_hook_from_env(say: Progress) -> StepHook | None:
+    """The testing seam (HOLD_ENV): a step hook that says ``HOLD <step>`` and waits
+    forever at that step (None when the variable is not set to a step)."""
     step = os.environ.get(HOLD_ENV) or None
-    return step if step in STEPS else None
+    if step not in STEPS:
+        return None
+
+    async def hold(at: str) -> None:
+        if at == step:
+            say(f"HOLD {at}")
+            await asyncio.Event().wait()  # until killed
+
+    return hold

@@ -16,7 +16,7 @@ from ..errors import BKError
 from ..log import get_logger
 from ..meta.keys import OFFLOADER_LOCK
 from ..stream.context import LedgerClient
-from .offload import Offloader, OffloaderOptions, PassReport
+from .offload import Offloader, OffloaderOptions, PassReport, StepHook
 from .store import ObjectStore
 
 LEASE_TTL_S = 15
@@ -31,10 +31,12 @@ class OffloadService:
                  interval_s: float, owner: str, *, namespaces: Sequence[str] | None = None,
                  owns_client: bool = False, clock: Clock = SYSTEM_CLOCK,
                  progress: Callable[[str], None] | None = None,
+                 step_hook: StepHook | None = None,
                  on_pass: Callable[[PassReport], Any] | None = None) -> None:
         self.client = client
         self.store = store
-        self.offloader = Offloader(client, store, options, progress=progress)
+        self.offloader = Offloader(client, store, options, progress=progress,
+                                   step_hook=step_hook)
         self.interval_s = interval_s
         self.owner = owner
         self.namespaces = namespaces
