@@ -26,11 +26,11 @@ import pytest
 import pytest_asyncio
 
 from asyncbk.errors import NoSuchLedgerError, ObjectStoreError
+from asyncbk.offload.offloader import HOLD_ENV, STEPS, Offloader, OffloaderOptions
 from asyncbk.stream import Namespace, Position, StreamRecord
 from asyncbk.stream.client import BookKeeper
 from asyncbk.testing import LocalCluster
 from asyncbk.tiered.location import Credentials, ObjectStoreUri
-from asyncbk.tiered.offload import HOLD_ENV, STEPS, Offloader, OffloaderOptions
 from asyncbk.tiered.store import S3ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("loop_errors")]

@@ -20,20 +20,24 @@ ALLOWED: dict[str, set[str]] = {
     "proto": BOTTOM | {"proto"},
     "meta": BOTTOM | {"meta"},
     "net": BOTTOM | {"net", "proto"},
-    "client": BOTTOM | {"client", "net", "proto", "meta"},
+    "tiered": BOTTOM | {"tiered"},
+    "client": BOTTOM | {"client", "net", "proto", "meta", "tiered"},
     "bookie": BOTTOM | {"bookie", "net", "proto", "meta"},
     "autorecovery": BOTTOM | {"autorecovery", "client", "net", "proto", "meta"},
     # streams and namespaces, on the ledger client
-    "stream": BOTTOM | {"stream", "client", "net", "proto", "meta"},
+    "stream": BOTTOM | {"stream", "client", "net", "proto", "meta", "tiered"},
     # the local-cluster runner that ships to users (asyncbk standalone, asyncbk bench)
-    "local": BOTTOM | {"local", "stream", "client", "bookie", "net", "proto", "meta"},
+    "local": BOTTOM | {"local", "stream", "client", "bookie", "net", "proto", "meta",
+                       "tiered"},
     # the simulator runs auto-recovery workers beside its bookies
     "testing": BOTTOM | {"testing", "local", "stream", "client", "bookie", "net", "proto",
-                         "meta", "autorecovery"},
-    "spark": BOTTOM | {"spark", "stream", "client", "net", "proto", "meta"},
+                         "meta", "autorecovery", "tiered", "offload"},
+    "spark": BOTTOM | {"spark", "stream", "client", "net", "proto", "meta", "tiered"},
+    "offload": BOTTOM | {"offload", "tiered", "stream", "client", "net", "proto", "meta",
+                         "autorecovery"},
     # cli runs clusters through local/, never through the test harnesses
     "cli": BOTTOM | {"cli", "local", "stream", "client", "bookie", "net", "proto", "meta",
-                     "autorecovery"},
+                     "autorecovery", "tiered", "offload"},
 }
 for _m in BOTTOM:
     ALLOWED[_m] = BOTTOM

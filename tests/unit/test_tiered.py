@@ -21,6 +21,13 @@ from asyncbk.errors import (
     CorruptObjectError,
     ObjectStoreUnavailableError,
 )
+from asyncbk.offload.policy import (
+    ObjectKey,
+    Sweep,
+    deletion_due,
+    offload_candidates,
+    sweep_decision,
+)
 from asyncbk.stream.meta import COMPLETED, Offload, Segment, StreamConfig
 from asyncbk.tiered.format import (
     HEADER,
@@ -32,13 +39,6 @@ from asyncbk.tiered.format import (
     decode_trailer,
 )
 from asyncbk.tiered.location import Credentials, ObjectStoreUri
-from asyncbk.tiered.policy import (
-    ObjectKey,
-    Sweep,
-    deletion_due,
-    offload_candidates,
-    sweep_decision,
-)
 from asyncbk.tiered.reader import ObjectSegmentReader
 from asyncbk.tiered.store import MemoryObjectStore
 from asyncbk.types import LedgerEntry

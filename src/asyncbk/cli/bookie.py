@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         from ..autorecovery.http import AutoRecoveryCollector, routes
         from ..autorecovery.service import AutoRecovery
         from ..client.client import BookKeeper
-        from ..tiered.service import OffloadService
+        from ..offload.service import OffloadService
 
         security = await asyncio.to_thread(_bookie_client_security, config)
         parts: list[Any] = []

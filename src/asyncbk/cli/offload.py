@@ -55,7 +55,7 @@ def add_offload_options(p: argparse._ActionsContainer, flag: str = "--object-sto
 
 def offloader_options(args: argparse.Namespace) -> Any:
     """The ``OffloaderOptions`` of :func:`add_offload_options`' options."""
-    from ..tiered.offload import OffloaderOptions
+    from ..offload.offloader import OffloaderOptions
 
     return OffloaderOptions(segments_per_pass=args.segments_per_pass,
                             rate_bytes_per_s=args.rate_mbps * 1_000_000,
@@ -122,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args, "warning")
 
     async def go() -> int:
-        from ..tiered.offload import Offloader, hold_hook_from_env
-        from ..tiered.service import OffloadService
+        from ..offload.offloader import Offloader, hold_hook_from_env
+        from ..offload.service import OffloadService
 
         def say(line: str) -> None:
             print(line, flush=True)

@@ -36,10 +36,11 @@ KNOWN = {
     "etcdtlscafile", "etcdtlscertfile", "etcdtlskeyfile", "includeheaders",
     "startingtimestamp", "endingtimestamp", "startingpositionsbytimestamp",
     "maxbytespertrigger", "minrecordspertrigger", "maxtriggerdelay", "subscription",
-    "createstreams",
+    "createstreams", "objectstorecredentialsfile",
 }
 SECURITY = {"tlscafile", "tlscertfile", "tlskeyfile", "authtokenfile", "etcduser",
-            "etcdpasswordfile", "etcdtlscafile", "etcdtlscertfile", "etcdtlskeyfile"}
+            "etcdpasswordfile", "etcdtlscafile", "etcdtlscertfile", "etcdtlskeyfile",
+            "objectstorecredentialsfile"}
 """Lower-cased names this source knows (``path`` is what ``load(x)``/``save(x)`` set)."""
 
 GLOB_CHARS = set("*?[")
@@ -95,6 +96,9 @@ class Credentials:
     etcd_tls_ca_file: str = ""
     etcd_tls_cert_file: str = ""
     etcd_tls_key_file: str = ""
+    object_store_credentials_file: str = ""
+    """Tiered storage: the credentials tasks read offloaded segments with (default:
+    the ``AWS_*`` variables of the worker processes)."""
 
 
 @dataclass(frozen=True)

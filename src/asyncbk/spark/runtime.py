@@ -65,6 +65,8 @@ def _security(access: Access) -> dict[str, Any]:
         key=access.etcd_tls_key_file, user=access.etcd_user,
         password_file=access.etcd_password_file, fallback_ca=access.tls_ca_file,
         fallback_cert=access.tls_cert_file, fallback_key=access.tls_key_file).connect_options())
+    if access.object_store_credentials_file:
+        security["object_store_credentials_file"] = access.object_store_credentials_file
     return security
 
 
@@ -100,7 +102,8 @@ def _client_key(access: Access) -> tuple[Any, ...]:
     file's modification time too, so that a rotated token or key takes effect)."""
     files = (access.tls_ca_file, access.tls_cert_file, access.tls_key_file,
              access.auth_token_file, access.etcd_password_file, access.etcd_tls_ca_file,
-             access.etcd_tls_cert_file, access.etcd_tls_key_file)
+             access.etcd_tls_cert_file, access.etcd_tls_key_file,
+             access.object_store_credentials_file)
     return (access.metadata_uri, access.etcd_user, *(_file_stamp(f) for f in files if f))
 
 

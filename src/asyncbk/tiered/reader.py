@@ -19,7 +19,7 @@ import asyncio
 import collections
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..backoff import Backoff
 from ..errors import (
@@ -31,9 +31,36 @@ from ..types import LedgerEntry
 from .format import ObjectIndex, decode_block, decode_index
 from .store import ObjectStore, ObjectStores
 
-if TYPE_CHECKING:
-    from ..client.read_handle import ReadHandle
-    from ..stream.meta import Offload
+
+class ObjectRef(Protocol):
+    """Where an offloaded segment's object is (a segment's offload record)."""
+
+    @property
+    def store(self) -> str: ...
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def index_offset(self) -> int: ...
+
+    @property
+    def index_length(self) -> int: ...
+
+    @property
+    def digest(self) -> int: ...
+
+    @property
+    def last_entry(self) -> int: ...
+
+    @property
+    def ledger_deleted_ms(self) -> int: ...
+
+
+class EntryReader(Protocol):
+    """Reads a ledger's entries (the bookies' copy, the fallback)."""
+
+    async def read(self, first_entry: int, last_entry: int) -> list[LedgerEntry]: ...
 
 READ_TIMEOUT_S = 60.0
 """A read of an offloaded segment retries an unavailable store this long, then fails."""
@@ -60,8 +87,8 @@ class ClosedLedgerView:
 class ObjectSegmentReader:
     """Reads the entries of one offloaded segment (see the module docstring)."""
 
-    def __init__(self, store: ObjectStore, offload: Offload, ledger_id: int, last_entry: int,
-                 size_bytes: int, *, fallback: Callable[[], Awaitable[ReadHandle]] | None = None,
+    def __init__(self, store: ObjectStore, offload: ObjectRef, ledger_id: int, last_entry: int,
+                 size_bytes: int, *, fallback: Callable[[], Awaitable[EntryReader]] | None = None,
                  timeout_s: float = READ_TIMEOUT_S, readahead_blocks: int = BLOCKS_INFLIGHT,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  log: Any = None) -> None:
@@ -70,7 +97,7 @@ class ObjectSegmentReader:
         self._where = f"{offload.store}/{offload.key}"
         self._meta = ClosedLedgerView(ledger_id, last_entry, size_bytes)
         self._fallback = fallback
-        self._bookies: ReadHandle | None = None
+        self._bookies: EntryReader | None = None
         self._timeout_s = timeout_s
         self._readahead = max(1, readahead_blocks)
         self._sleep = sleep
@@ -222,8 +249,8 @@ class ObjectSegmentReader:
         """Nothing to release (provided for symmetry with read handles)."""
 
 
-async def open_offloaded(objects: ObjectStores, offload: Offload, ledger_id: int,
-                         open_ledger: Callable[[], Awaitable[ReadHandle]], *,
+async def open_offloaded(objects: ObjectStores, offload: ObjectRef, ledger_id: int,
+                         open_ledger: Callable[[], Awaitable[EntryReader]], *,
                          size_bytes: int = 0, timeout_s: float = READ_TIMEOUT_S,
                          sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                          log: Any = None) -> ObjectSegmentReader:

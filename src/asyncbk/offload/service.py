@@ -16,8 +16,8 @@ from ..errors import BKError
 from ..log import get_logger
 from ..meta.keys import OFFLOADER_LOCK
 from ..stream.context import LedgerClient
-from .offload import Offloader, OffloaderOptions, PassReport, StepHook
-from .store import ObjectStore
+from ..tiered.store import ObjectStore
+from .offloader import Offloader, OffloaderOptions, PassReport, StepHook
 
 LEASE_TTL_S = 15
 

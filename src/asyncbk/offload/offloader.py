@@ -52,7 +52,7 @@ from ..log import get_logger
 from ..stream.context import LedgerClient, StreamContext, open_context
 from ..stream.meta import Offload, Segment, StreamMetadata
 from ..stream.segment_ledger import delete_ledger, open_for_read
-from .format import (
+from ..tiered.format import (
     BLOCK_BYTES_DEFAULT,
     FORMAT_VERSION,
     HEADER,
@@ -64,8 +64,8 @@ from .format import (
     decode_index,
     decode_trailer,
 )
+from ..tiered.store import UPLOAD_PART_BYTES, ObjectStore
 from .policy import ObjectKey, Sweep, deletion_due, offload_candidates, sweep_decision
-from .store import UPLOAD_PART_BYTES, ObjectStore
 
 READ_WINDOW_ENTRIES = 64
 """Entries the offloader reads from the bookies per request (one more in flight)."""
