@@ -52,6 +52,17 @@ def bench_index(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_tiered(session: nox.Session) -> None:
+    """Tiered storage against same-run baselines: the offloader against a plain upload of
+    the same bytes, a catch-up read from the object store against the same stream on the
+    bookies, a Spark batch read of each, and the bookies' disk before and after (needs
+    Java 17+ for the Spark part).  ``nox -s bench_tiered -- --quick``: 200,000 records."""
+    session.install("-e", ".[bench,spark,standalone]")
+    session.run("python", "benchmarks/tiered.py", "--json", "bench-results/tiered.json",
+                *session.posargs)
+
+
+@nox.session
 def bench_spark(session: nox.Session) -> None:
     """Spark reading asyncbk against Spark reading a local file, and streaming latency
     against Spark's socket source, in the same run (needs Java 17+).  ``nox -s bench_spark
