@@ -1,4 +1,5 @@
-"""A cluster on this machine: a real etcd and bookie processes on loopback.
+"""A cluster on this machine: a real etcd and bookie processes on loopback (and, on
+request, a real S3-compatible object store: :class:`SeaweedServer`).
 
 ``asyncbk standalone`` and ``asyncbk bench`` run it; ``asyncbk.testing``
 re-exports it for tests.  See :class:`LocalCluster`.
@@ -8,6 +9,7 @@ from .cluster import LocalAutoRecovery, LocalBookie, LocalCluster, free_port
 from .etcd import EtcdServer, EtcdServerError, find_etcd_binary
 from .network import Latency, Network, NetworkError, Topology, network_unavailable
 from .process import ClusterRunningError, LocalClusterError
+from .seaweed import SeaweedServer, SeaweedServerError, find_weed_binary
 
 __all__ = [
     "ClusterRunningError",
@@ -20,8 +22,11 @@ __all__ = [
     "LocalClusterError",
     "Network",
     "NetworkError",
+    "SeaweedServer",
+    "SeaweedServerError",
     "Topology",
     "find_etcd_binary",
+    "find_weed_binary",
     "free_port",
     "network_unavailable",
 ]

