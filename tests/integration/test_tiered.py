@@ -97,7 +97,7 @@ async def test_an_offloaded_stream_reads_the_same_before_and_after_its_ledgers_g
     report = await off.run_pass()
     info = await ns.stream_info("s")
     completed = [s for s in info.segments if s.state == "completed" and s.records]
-    assert len(completed) >= 7 and not report.failures, report
+    assert len(completed) >= 4 and not report.failures, report
     assert len(report.offloaded) == len(completed)
     assert {s.storage for s in completed} == {"bookies+object"}
     assert all(s.object and s.object.startswith("s3://") for s in completed)
@@ -202,10 +202,10 @@ def at_step(step: str, action: Callable[[], Awaitable[Any]]) -> Hook:
 
 async def test_truncation_and_deletion_racing_an_offload_leave_no_object_behind(
         tcluster: LocalCluster) -> None:
-    bk, ns, before = await filled(tcluster, records=600)
+    bk, ns, before = await filled(tcluster, records=800)
     store = store_of(tcluster)
     segs = await ns.md.segments(ns.name, "s")
-    cut = segs[3].first_position
+    cut = segs[1].first_position  # drops the first segment, the one being offloaded
     # Truncated after the upload was verified, before it is recorded: the record fails.
     off = Offloader(bk, store, OffloaderOptions(segments_per_pass=1), step_hook=at_step(
         "verified", lambda: ns.truncate("s", cut)))

@@ -177,7 +177,10 @@ class Offloader:
                     budget -= await self._stream_pass(ctx, stream, budget, report)
                 except (NoSuchStreamError, NoSuchNamespaceError):
                     continue
-        await self.sweep(report)
+        try:
+            await self.sweep(report)
+        except ObjectStoreError as exc:
+            report.failures.append(f"sweep: {exc}")
         return report
 
     async def _stream_pass(self, ctx: StreamContext, stream: str, budget: int,

@@ -43,6 +43,7 @@ from ..errors import (
 from ..meta import keys
 from ..meta.api import KeyValue, KeyValueStore
 from ..meta.model import DIGESTS
+from ..tiered.location import object_name
 from ..topology import POLICIES
 from .position import Position
 
@@ -271,8 +272,7 @@ class Offload:
     @property
     def object_uri(self) -> str:
         """The object's full name: ``s3://bucket/prefix/key[?endpoint=...]``."""
-        base, sep, query = self.store.partition("?")
-        return f"{base.rstrip('/')}/{self.key}{sep}{query}"
+        return object_name(self.store, self.key)
 
     @classmethod
     def from_record(cls, d: object, where: str) -> Offload:

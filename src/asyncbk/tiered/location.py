@@ -83,6 +83,13 @@ class ObjectStoreUri:
         return f"{self.prefix}/{name}" if self.prefix else name
 
 
+def object_name(store: str, key: str) -> str:
+    """The full name of object ``key`` of the store at URI ``store``:
+    ``s3://bucket/prefix/key[?endpoint=...]`` (for messages and listings)."""
+    base, sep, query = store.partition("?")
+    return f"{base.rstrip('/')}/{key}{sep}{query}"
+
+
 def _valid_bucket(name: str) -> bool:
     return (3 <= len(name) <= 63 and name[0].isalnum() and name[-1].isalnum()
             and all(c.islower() or c.isdigit() or c in ".-" for c in name))

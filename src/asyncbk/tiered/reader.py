@@ -29,6 +29,7 @@ from ..errors import (
 )
 from ..types import LedgerEntry
 from .format import ObjectIndex, decode_block, decode_index
+from .location import object_name
 from .store import ObjectStore, ObjectStores
 
 
@@ -94,7 +95,7 @@ class ObjectSegmentReader:
                  log: Any = None) -> None:
         self._store = store
         self._offload = offload
-        self._where = f"{offload.store}/{offload.key}"
+        self._where = object_name(offload.store, offload.key)
         self._meta = ClosedLedgerView(ledger_id, last_entry, size_bytes)
         self._fallback = fallback
         self._bookies: EntryReader | None = None

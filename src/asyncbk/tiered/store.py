@@ -26,7 +26,7 @@ from ..errors import (
     ObjectStoreError,
     ObjectStoreUnavailableError,
 )
-from .location import Credentials, ObjectStoreUri
+from .location import Credentials, ObjectStoreUri, object_name
 
 REQUEST_TIMEOUT_S = 30.0
 """One request (a ranged GET, a part of an upload, a HEAD) fails after this long."""
@@ -74,14 +74,15 @@ class ObjectStore(Protocol):
         """Reach the bucket and sign in, or fail with one clear error."""
 
 
-def _translate(exc: BaseException, what: str, where: str) -> ObjectStoreError:
+def _translate(exc: BaseException, what: str, where: str,
+               timeout_s: float = REQUEST_TIMEOUT_S) -> ObjectStoreError:
     """An obstore failure as our typed error, naming ``what`` at ``where``."""
     from obstore import exceptions as ox
 
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if isinstance(exc, TimeoutError):
         return ObjectStoreUnavailableError(f"{what} at {where}: no answer within "
-                                           f"{REQUEST_TIMEOUT_S:g} s")
+                                           f"{timeout_s:g} s")
     if isinstance(exc, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or any(
             s in text for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
                                 "403 Forbidden", "401 Unauthorized")):
@@ -132,16 +133,16 @@ class S3ObjectStore:
         return self._uri
 
     def _where(self, key: str) -> str:
-        return f"{self._uri}/{key}" if key else str(self._uri)
+        return object_name(str(self._uri), key) if key else str(self._uri)
 
     async def _call(self, what: str, key: str, fn: Callable[[], Any], timeout_s: float | None = None) -> Any:
         try:
             async with asyncio.timeout(timeout_s or self._timeout_s):
                 return await fn()
-        except ObjectStoreError:
+        except (ObjectStoreError, StopAsyncIteration):
             raise
         except Exception as exc:
-            raise _translate(exc, what, self._where(key)) from None
+            raise _translate(exc, what, self._where(key), timeout_s or self._timeout_s) from None
 
     async def put(self, key: str, data: bytes | AsyncIterable[bytes]) -> None:
         import obstore
@@ -216,7 +217,10 @@ class S3ObjectStore:
 
         # A listing of at most one key: reaches the bucket and signs in, reads nothing.
         stream = obstore.list(self._store, None, chunk_size=1)
-        await self._call("list", "", stream.__aiter__().__anext__)
+        try:
+            await self._call("list", "", stream.__aiter__().__anext__)
+        except StopAsyncIteration:
+            pass  # an empty bucket
 
 
 class MemoryObjectStore:
