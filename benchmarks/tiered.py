@@ -142,7 +142,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 raise SystemExit(f"offload failed: {report.failures}")
             obj_keys = [s.offload.key for s in await ns.md.segments(ns.name, "obj")
                         if s.offload is not None]
-            obj_bytes = sum((await store.head(k)).size for k in obj_keys)  # type: ignore[union-attr]
+            obj_bytes = 0
+            for k in obj_keys:
+                info = await store.head(k)
+                assert info is not None
+                obj_bytes += info.size
             base_bytes, base_s = await plain_upload(store, obj_keys)
             out["offload"] = {
                 "segments": len(report.offloaded), "object_bytes": report.offloaded_bytes,

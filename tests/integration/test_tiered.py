@@ -30,6 +30,7 @@ from asyncbk.offload.offloader import HOLD_ENV, STEPS, Offloader, OffloaderOptio
 from asyncbk.stream import Namespace, Position, StreamRecord
 from asyncbk.stream.client import BookKeeper
 from asyncbk.testing import LocalCluster
+from asyncbk.testing.proxy import FaultProxy
 from asyncbk.tiered.location import Credentials, ObjectStoreUri
 from asyncbk.tiered.store import S3ObjectStore
 
@@ -284,6 +285,48 @@ async def test_a_paused_store_falls_back_to_the_bookies_then_fails_naming_the_ob
     finally:
         seaweed.resume()
     assert await read_all(rns, "s", 300) == before
+
+
+async def test_a_store_answering_503s_or_slowly_behind_a_fault_proxy(
+        tcluster: LocalCluster, finding: Any) -> None:
+    """The object store behind a fault proxy: 503s and slow answers while offloading
+    and reading.  Nothing is recorded half; reads are right or fail naming the object."""
+    seaweed = tcluster.object_store
+    assert seaweed is not None
+    bk, ns, before = await filled(tcluster, records=400, offload_deletion_lag_s=3600.0)
+    async with FaultProxy("127.0.0.1", seaweed.port) as proxy:
+        uri = ObjectStoreUri.parse(tcluster.object_store_uri)
+        via = ObjectStoreUri(uri.bucket, uri.prefix, f"http://{proxy.address}", uri.region)
+        creds = tcluster.object_store_credentials()
+        assert creds is not None
+        store = S3ObjectStore(via, Credentials(*creds), request_timeout_s=2.0)
+        direct = store_of(tcluster)
+        proxy.set_mode("http503")
+        report = await Offloader(bk, store, OffloaderOptions(retries=2)).run_pass()
+        assert report.offloaded == [] and report.failures, report
+        assert all(s.offload is None for s in await ns.md.segments(ns.name, "s"))
+        assert await stored(direct) == set()  # no object written half
+        proxy.set_mode("delay", 0.05)
+        report = await Offloader(bk, store).run_pass()
+        assert report.offloaded and not report.failures, report
+        reader = await tcluster.client(object_store_read_timeout_s=3.0)
+        rns = await reader.namespace("t")
+        assert await read_all(rns, "s", 400) == before  # slow, through the proxy
+        proxy.set_mode("http503")
+        assert await read_all(rns, "s", 400) == before  # the bookies' copy, still there
+        proxy.set_mode("pass")
+        for seg in await ns.md.segments(ns.name, "s"):
+            if seg.offload is not None:
+                await Offloader(bk, store).delete_bookie_copy(ns.context, "s", seg)
+        proxy.set_mode("http503")
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(ObjectStoreError, match=r"s3://.*\.seg.*did not answer"):
+            await read_all(rns, "s", 400)
+        failed_s = asyncio.get_running_loop().time() - t0
+        proxy.set_mode("pass")
+        assert await read_all(rns, "s", 400) == before
+        finding(f"503s: offload recorded nothing; a read with no bookie copy failed after "
+                f"{failed_s:.1f} s naming the object, then read right once the store answered")
 
 
 async def test_bad_credentials_bucket_or_endpoint_get_one_clear_line(

@@ -5,7 +5,9 @@ Modes, switchable at any time:
 * ``pass``      forward both ways;
 * ``delay``     forward after ``delay_s`` (each chunk, both directions);
 * ``blackhole`` accept and read, but forward nothing (the peer sees a hung server);
-* ``reset``     abort every open connection now, and every new one at once.
+* ``reset``     abort every open connection now, and every new one at once;
+* ``http503``   (for HTTP servers: the object store) abort every open connection now,
+  and answer every request of a new one ``503 Service Unavailable``.
 
 Point a client at it with ``ClientConfig.bookie_addresses``
 (``{bookie_id: proxy.address}``).
@@ -17,7 +19,9 @@ import asyncio
 import contextlib
 from types import TracebackType
 
-MODES = ("pass", "delay", "blackhole", "reset")
+MODES = ("pass", "delay", "blackhole", "reset", "http503")
+_HTTP_503 = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\n"
+             b"Content-Length: 0\r\nConnection: close\r\n\r\n")
 _CHUNK_BYTES = 64 * 1024
 
 
@@ -42,7 +46,7 @@ class FaultProxy:
             raise ValueError(f"mode must be one of {MODES}")
         self.mode = mode
         self.delay_s = delay_s
-        if mode == "reset":
+        if mode in ("reset", "http503"):
             for w in list(self._writers):
                 transport = w.transport
                 transport.abort()
@@ -78,6 +82,9 @@ class FaultProxy:
         if self.mode == "reset":
             writer.transport.abort()
             return
+        if self.mode == "http503":
+            await self._refuse_http(reader, writer)
+            return
         try:
             async with asyncio.timeout(5):
                 up_reader, up_writer = await asyncio.open_connection(*self.target)
@@ -97,6 +104,21 @@ class FaultProxy:
         for w in (writer, up_writer):
             self._writers.discard(w)
             w.transport.abort()
+
+    async def _refuse_http(self, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter) -> None:
+        """Read one request (its head and body) and answer 503, then close."""
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError,
+                                 asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            async with asyncio.timeout(5):
+                head = await reader.readuntil(b"\r\n\r\n")
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length" and value.strip().isdigit():
+                        await reader.readexactly(int(value.strip()))
+                writer.write(_HTTP_503)
+                await writer.drain()
+        writer.transport.abort()
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, OSError):
