@@ -116,7 +116,8 @@ def _active_session(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterThread]:
-    ct = ClusterThread(tmp_path_factory.mktemp("spark-cluster"))
+    # (with the object store: tiered reads are read by Spark too)
+    ct = ClusterThread(tmp_path_factory.mktemp("spark-cluster"), object_store=True)
     try:
         ct.start()
         yield ct
