@@ -49,6 +49,7 @@ from asyncbk.tiered.location import Credentials, ObjectStoreUri
 from asyncbk.tiered.store import S3ObjectStore
 
 RECORD = 100
+SEGMENTS = 10
 SHAPE = {"ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2}
 
 
@@ -68,7 +69,7 @@ def entrylog_bytes(cluster: LocalCluster) -> int:
 
 
 async def write(ns: Any, stream: str, records: int, **overrides: Any) -> float:
-    await ns.create_stream(stream, rolling_entries=max(1, records // 10), **overrides)
+    await ns.create_stream(stream, rolling_entries=max(1, records // SEGMENTS), **overrides)
     payload = b"x" * RECORD
     t0 = time.perf_counter()
     async with await ns.open_writer(stream) as w:
@@ -120,7 +121,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"records": args.records, "record_bytes": RECORD,
                            "versions": versions()}
     with tempfile.TemporaryDirectory(prefix="bench-tiered-") as tmp:
-        async with LocalCluster(bookies=3, data_dir=Path(tmp) / "c", object_store=True) as c:
+        # (entry logs of 16 MiB: GC frees whole logs, and the active one never)
+        async with LocalCluster(bookies=3, data_dir=Path(tmp) / "c", object_store=True,
+                                bookie_config={"entry_log_bytes_max": 16 * 1024 * 1024}) as c:
             creds = c.object_store_credentials()
             assert creds is not None
             store = S3ObjectStore(ObjectStoreUri.parse(c.object_store_uri), Credentials(*creds))
