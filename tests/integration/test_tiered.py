@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -128,6 +129,17 @@ async def test_an_offloaded_stream_reads_the_same_before_and_after_its_ledgers_g
     await sub.close()
     assert got == before
     assert await stored(store) == await referenced(ns, "s")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "asyncbk", "stream", "info", "t", "s", "--json",
+        "--metadata-uri", tcluster.metadata_uri, env=tcluster.child_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    rows = json.loads(out)["segments"]
+    assert {r["storage"] for r in rows if r["records"]} == {"object"}
+    assert all(r["object"].startswith("s3://") and ".seg" in r["object"]
+               for r in rows if r["records"])
     finding(f"{len(completed)} segments offloaded, {report.offloaded_bytes or 0} bytes; "
             "reads identical with both copies and from the object store alone")
 
