@@ -303,3 +303,24 @@ async def test_while_the_ledger_exists_a_failing_or_damaged_object_falls_back_to
 async def _entries(it: Any) -> Any:
     async for e in it:
         yield e
+
+
+async def test_a_sequential_read_is_one_streamed_get_and_survives_a_broken_stream() -> None:
+    rng = random.Random(9)
+    payloads = [rng.randbytes(rng.randrange(1, 60)) for _ in range(300)]
+    store, o = await offloaded(payloads)
+    r = ObjectSegmentReader(store, o, 9, 299, 0, sleep=no_sleep)
+    await r.index()
+    before = store.requests
+    assert [e.data async for e in _entries(r.tail(5))] == payloads[5:]
+    assert store.requests - before == 1  # one GET for the whole segment
+    # The stream breaks after its first pieces: the rest is read block by block.
+    store.stream_chunk_bytes = 100
+    r = ObjectSegmentReader(store, dataclasses.replace(o, key="k"), 9, 299, 0, sleep=no_sleep)
+    got = []
+    it = r.tail(0).__aiter__()
+    got.append((await it.__anext__()).data)
+    store.fail_next = 1
+    got += [e.data async for e in _entries(it)]
+    assert got == payloads
+    assert r.gets > 2  # the streamed GET, then blocks one by one

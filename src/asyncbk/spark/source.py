@@ -56,6 +56,7 @@ from ..stream.context import StreamContext
 from ..stream.position import Position
 from ..stream.reader import resolve_start
 from ..stream.subscription import mirror
+from ..tiered.reader import ObjectSegmentReader
 from .arrow import Piece, entry_columns, stream_batch
 from .errors import DataLossError, SparkOptionError
 from .options import ReadOptions, StartSpec, include_headers, read_options, write_options
@@ -247,6 +248,16 @@ async def _read_slices(bk: BookKeeper, namespace: str, part: Part,
             _data_loss(opts, namespace, stream, f"segment {sl.segment} (ledger {sl.ledger_id}) "
                                                 f"was removed before positions "
                                                 f"{part.start}..{part.end} were read")
+            continue
+        if isinstance(rh, ObjectSegmentReader):  # offloaded: one streamed read of the slice
+            window: list[Any] = []
+            async for entry in rh.tail(sl.first_entry, last_entry=sl.last_entry):
+                window.append(entry)
+                if len(window) >= READ_WINDOW_ENTRIES:
+                    yield _stream_batch(stream, namespace, sl, window, opts.include_headers)
+                    window = []
+            if window:
+                yield _stream_batch(stream, namespace, sl, window, opts.include_headers)
             continue
         windows = [(lo, min(sl.last_entry, lo + READ_WINDOW_ENTRIES - 1))
                    for lo in range(sl.first_entry, sl.last_entry + 1, READ_WINDOW_ENTRIES)]

@@ -213,28 +213,68 @@ class ObjectSegmentReader:
 
     read_unconfirmed = read
 
-    async def tail(self, start: int = 0, poll_s: float = 0.0) -> AsyncIterator[LedgerEntry]:
-        """Entries from ``start`` to the last, reading ``readahead_blocks`` blocks ahead."""
+    async def tail(self, start: int = 0, poll_s: float = 0.0,
+                   last_entry: int | None = None) -> AsyncIterator[LedgerEntry]:
+        """Entries from ``start`` to ``last_entry`` (default: the last): one streamed GET
+        of their blocks, cut into blocks as the bytes arrive, up to
+        ``readahead_blocks`` blocks decoded ahead of the caller.  If the stream
+        breaks, the rest is read block by block (with retries, and the bookies as the
+        fallback)."""
         del poll_s  # an offloaded segment is complete: nothing to wait for
-        last = self._meta.last_entry_id
+        last = self._meta.last_entry_id if last_entry is None else min(
+            last_entry, self._meta.last_entry_id)
         if start > last:
             return
-        try:
-            idx = await self.index()
-        except ObjectStoreError as exc:
-            if self._fallback is None:
-                raise
-            for e in await self._bookie_read(start, last, exc):
+        if self._bookies is None:
+            try:
+                idx = await self.index()
+            except ObjectStoreError as exc:
+                if self._fallback is None:
+                    raise
+                await self._bookie_read(start, start, exc)  # switches to the bookies
+        if self._bookies is not None:
+            for e in await self._bookies.read(start, last):
                 yield e
             return
-        b0 = idx.block_of(start)
-        pending: collections.deque[asyncio.Future[list[LedgerEntry]]] = collections.deque()
-        next_block = b0
+        queue: asyncio.Queue[tuple[int, list[bytes]] | BaseException | None] = \
+            asyncio.Queue(self._readahead)
+        b0, b1 = idx.block_of(start), idx.block_of(last)
+        streaming = asyncio.get_running_loop().create_task(
+            self._stream_blocks(idx, b0, b1, queue))
+        next_entry = start
         try:
             while True:
-                while next_block < len(idx.block_firsts) and len(pending) < self._readahead:
+                item = await queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    break  # the stream broke: read the rest block by block
+                block, payloads = item
+                base = idx.block_firsts[block]
+                for eid in range(max(next_entry, base), min(last + 1, base + len(payloads))):
+                    yield LedgerEntry(self.id, eid, payloads[eid - base])
+                next_entry = base + len(payloads)
+        finally:
+            streaming.cancel()
+            await asyncio.gather(streaming, return_exceptions=True)
+        if self._log is not None:
+            self._log.info("streamed read of an offloaded segment broke; reading on block "
+                           "by block", object=self._where, error=str(item))
+        async for e in self._rest(idx, next_entry, last):
+            yield e
+
+    async def _rest(self, idx: ObjectIndex, first: int, last: int) -> AsyncIterator[LedgerEntry]:
+        """Entries ``first`` to ``last``, block by block, ``readahead_blocks`` ahead."""
+        if first > last:
+            return
+        pending: collections.deque[asyncio.Future[list[LedgerEntry]]] = collections.deque()
+        next_block = idx.block_of(first)
+        try:
+            while True:
+                while next_block <= idx.block_of(last) and len(pending) < self._readahead:
                     lo, hi = idx.block_entries(next_block)
-                    pending.append(asyncio.ensure_future(self.read(max(lo, start), hi)))
+                    pending.append(asyncio.ensure_future(self.read(max(lo, first),
+                                                                   min(hi, last))))
                     next_block += 1
                 if not pending:
                     return
@@ -245,6 +285,40 @@ class ObjectSegmentReader:
                 fut.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _stream_blocks(self, idx: ObjectIndex, b0: int, b1: int,
+                             queue: asyncio.Queue[tuple[int, list[bytes]] | BaseException | None]
+                             ) -> None:
+        """Blocks ``b0`` to ``b1`` of one streamed GET onto ``queue`` (then None; or the
+        error)."""
+        block = b0
+        start = idx.block_offsets[b0]
+        end = idx.block_range(b1)[1]
+        buf = bytearray()
+        at = start  # the object offset of buf[0]
+        try:
+            self.gets += 1
+            async for chunk in self._store.stream_range(self._offload.key, start, end):
+                buf += chunk
+                while block <= b1:
+                    b_start, b_end = idx.block_range(block)
+                    if b_end - at > len(buf):
+                        break
+                    first, last = idx.block_entries(block)
+                    data = bytes(buf[b_start - at:b_end - at])
+                    payloads = decode_block(data, f"{self._where} block {block}", first, last)
+                    del buf[:b_end - at]
+                    at = b_end
+                    self._blocks[block] = payloads
+                    while len(self._blocks) > BLOCK_CACHE:
+                        self._blocks.popitem(last=False)
+                    await queue.put((block, payloads))
+                    block += 1
+            if block <= b1:
+                raise CorruptObjectError(f"{self._where}: the object ended before block {block}")
+            await queue.put(None)
+        except ObjectStoreError as exc:
+            await queue.put(exc)
 
     async def close(self) -> None:
         """Nothing to release (provided for symmetry with read handles)."""

@@ -34,6 +34,8 @@ CONNECT_TIMEOUT_S = 5.0
 UPLOAD_PART_BYTES = 8 * 1024 * 1024
 """Multipart uploads send parts of this size (S3's minimum is 5 MiB)."""
 UPLOAD_PARTS_INFLIGHT = 4
+STREAM_CHUNK_BYTES = 1024 * 1024
+"""A streamed read hands over pieces of at least this many bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,12 @@ class ObjectStore(Protocol):
 
     async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Several ranges of one object (requests coalesced where close)."""
+
+    def stream_range(self, key: str, start: int, end: int,
+                     chunk_bytes: int = STREAM_CHUNK_BYTES) -> AsyncIterator[bytes]:
+        """Bytes ``[start, end)`` of the object as they arrive, in pieces of about
+        ``chunk_bytes``: one request for a sequential read (each piece within the
+        request timeout)."""
 
     async def head(self, key: str) -> ObjectInfo | None:
         """The object's size and time, None if there is none."""
@@ -181,6 +189,22 @@ class S3ObjectStore:
             self._store, key, starts=[r[0] for r in ranges], ends=[r[1] for r in ranges]))
         return [bytes(b) for b in got]
 
+    async def stream_range(self, key: str, start: int, end: int,
+                           chunk_bytes: int = STREAM_CHUNK_BYTES) -> AsyncIterator[bytes]:
+        import obstore
+
+        if end <= start:
+            return
+        result = await self._call("streamed read", key, lambda: obstore.get_async(
+            self._store, key, options={"range": (start, end)}))
+        it = result.stream(min_chunk_size=chunk_bytes).__aiter__()
+        while True:
+            try:
+                chunk = await self._call("streamed read", key, it.__anext__)
+            except StopAsyncIteration:
+                return
+            yield bytes(chunk)
+
     async def head(self, key: str) -> ObjectInfo | None:
         import obstore
 
@@ -235,6 +259,8 @@ class MemoryObjectStore:
         self.fail_next = 0
         """Requests still to fail (each failure counts one down)."""
         self.requests = 0
+        self.stream_chunk_bytes: int | None = None
+        """Pieces of streamed reads (None: as asked)."""
         self._wall_s = wall_s
 
     @property
@@ -264,6 +290,18 @@ class MemoryObjectStore:
 
     async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         return [await self.get_range(key, s, e) for s, e in ranges]
+
+    async def stream_range(self, key: str, start: int, end: int,
+                           chunk_bytes: int = STREAM_CHUNK_BYTES) -> AsyncIterator[bytes]:
+        body = await self.get_range(key, start, end)
+        chunk_bytes = self.stream_chunk_bytes or chunk_bytes
+        for at in range(0, len(body), chunk_bytes):
+            await asyncio.sleep(0)
+            if self.fail_next > 0:  # a connection lost mid-stream
+                self.fail_next -= 1
+                raise ObjectStoreUnavailableError(
+                    f"streamed read at {self._uri}/{key}: injected failure")
+            yield body[at:at + chunk_bytes]
 
     async def head(self, key: str) -> ObjectInfo | None:
         self._request("head", key)
