@@ -37,29 +37,33 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import datetime
-import hashlib
-import hmac
 import importlib.metadata
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import socket
 import time
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from types import TracebackType
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
 import aiohttp
 
 from ..bookie.startup import port_free, port_user
 from .ports import free_port
 from .process import LocalClusterError, guarded
+from .s3local import (
+    LocalS3Credentials,
+    credentials_text,
+    read_credentials,
+    s3_error_code,
+    sigv4_headers,
+    write_private,
+)
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_BUCKET = "asyncbk"
@@ -149,17 +153,6 @@ class SeaweedPorts:
         return [_SOCKET_DIR / f"seaweedfs-{name}.sock" for name in names]
 
 
-@dataclass(frozen=True, slots=True)
-class _Credentials:
-    access_key_id: str
-    secret_access_key: str = field(repr=False)
-
-    @classmethod
-    def new(cls) -> _Credentials:
-        # the shapes of AWS's own: 20 upper-case characters, 40 for the secret
-        return cls("AKBK" + secrets.token_hex(8).upper(), secrets.token_urlsafe(30))
-
-
 _RUNNING: set[SeaweedServer] = set()
 """Servers whose process may be alive (strong references on purpose: a
 forgotten server must still be killed at exit)."""
@@ -214,7 +207,7 @@ class SeaweedServer:
         self._ports: SeaweedPorts | None = None
         self._fresh: set[str] = set()
         """Ports picked anew for this start (re-picked if taken before weed binds them)."""
-        self._credentials: _Credentials | None = None
+        self._credentials: LocalS3Credentials | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self.argv: list[str] = []
         """The command line of the last launch (what ``/proc/<pid>/cmdline`` shows;
@@ -252,7 +245,7 @@ class SeaweedServer:
         """Whether the ports and the credentials are known (after :meth:`prepare`)."""
         return self._ports is not None and self._credentials is not None
 
-    def _creds(self) -> _Credentials:
+    def _creds(self) -> LocalS3Credentials:
         if self._credentials is None:
             raise SeaweedServerError("the object store has no credentials yet: start() it first")
         return self._credentials
@@ -296,9 +289,9 @@ class SeaweedServer:
     def _prepare_files(self) -> None:
         self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.data_dir.mkdir(mode=0o700, exist_ok=True)
-        creds = _read_credentials(self.credentials_path) or _Credentials.new()
-        _write_private(self.credentials_path, _credentials_text(creds, self.region, self.workdir))
-        _write_private(self.config_path, json.dumps({"identities": [{
+        creds = read_credentials(self.credentials_path) or LocalS3Credentials.new()
+        write_private(self.credentials_path, credentials_text(creds, self.region, self.workdir))
+        write_private(self.config_path, json.dumps({"identities": [{
             "name": "asyncbk",
             "credentials": [{"accessKey": creds.access_key_id,
                              "secretKey": creds.secret_access_key}],
@@ -512,16 +505,16 @@ class SeaweedServer:
             code, body = await self._s3_request(session, "PUT", f"/{self.bucket}")
             if code in (200, 409):  # made (409: by an earlier attempt of ours)
                 return "the bucket was just made"
-            return f"making bucket {self.bucket!r} failed: HTTP {code} {_s3_code(body)}"
+            return f"making bucket {self.bucket!r} failed: HTTP {code} {s3_error_code(body)}"
         if code == 403:
             return "S3 refuses the credentials (HTTP 403)"
-        return f"S3 answers HTTP {code} {_s3_code(body)}".rstrip()
+        return f"S3 answers HTTP {code} {s3_error_code(body)}".rstrip()
 
     async def _s3_request(self, session: aiohttp.ClientSession, method: str,
                           path: str) -> tuple[int, str]:
         """A request without a body, signed with this store's credentials."""
         url = f"{self.endpoint}{path}"
-        headers = _sigv4_headers(method, url, self._creds(), self.region)
+        headers = sigv4_headers(method, url, self._creds(), self.region)
         async with session.request(method, url, headers=headers) as resp:
             return resp.status, await resp.text(errors="replace")
 
@@ -626,65 +619,6 @@ def _valid_bucket(name: str) -> bool:
             and all(c.islower() or c.isdigit() or c in ".-" for c in name))
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text``, readable by its owner only (0600), atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
-def _credentials_text(creds: _Credentials, region: str, workdir: Path) -> str:
-    return (f"# The credentials of asyncbk's local object store (SeaweedFS) in {workdir}:\n"
-            f"# `source` this file to use them.\n"
-            f"export AWS_ACCESS_KEY_ID={creds.access_key_id}\n"
-            f"export AWS_SECRET_ACCESS_KEY={creds.secret_access_key}\n"
-            f"export AWS_REGION={region}\n")
-
-
-def _read_credentials(path: Path) -> _Credentials | None:
-    """The credentials a previous start wrote (None if there are none)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    values: dict[str, str] = {}
-    for line in text.splitlines():
-        name, sep, value = line.strip().removeprefix("export ").partition("=")
-        if sep and not name.startswith("#"):
-            values[name.strip()] = value.strip()
-    key, secret = values.get("AWS_ACCESS_KEY_ID"), values.get("AWS_SECRET_ACCESS_KEY")
-    return _Credentials(key, secret) if key and secret else None
-
-
-def _sigv4_headers(method: str, url: str, creds: _Credentials, region: str,
-                   now: datetime.datetime | None = None) -> dict[str, str]:
-    """AWS Signature Version 4 headers for an S3 request without a body (path-style
-    URL without a query)."""
-    parts = urlsplit(url)
-    now = now or datetime.datetime.now(datetime.UTC)
-    stamp = now.strftime("%Y%m%dT%H%M%SZ")
-    day = stamp[:8]
-    payload = hashlib.sha256(b"").hexdigest()
-    signed = {"host": parts.netloc, "x-amz-content-sha256": payload, "x-amz-date": stamp}
-    names = ";".join(sorted(signed))
-    canonical = "\n".join([method, quote(parts.path or "/", safe="/-_.~"), parts.query,
-                           *(f"{k}:{signed[k]}" for k in sorted(signed)), "", names, payload])
-    scope = f"{day}/{region}/s3/aws4_request"
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", stamp, scope,
-                         hashlib.sha256(canonical.encode()).hexdigest()])
-    key = f"AWS4{creds.secret_access_key}".encode()
-    for part in (day, region, "s3", "aws4_request"):
-        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    return {"x-amz-content-sha256": payload, "x-amz-date": stamp,
-            "authorization": f"AWS4-HMAC-SHA256 Credential={creds.access_key_id}/{scope}, "
-                             f"SignedHeaders={names}, Signature={signature}"}
-
-
 def _has_data_node(status: object) -> bool:
     """Whether the master's ``/dir/status`` lists a volume server."""
     topology = status.get("Topology") if isinstance(status, dict) else None
@@ -694,12 +628,6 @@ def _has_data_node(status: object) -> bool:
             if isinstance(rack, dict) and rack.get("DataNodes"):
                 return True
     return False
-
-
-def _s3_code(body: str) -> str:
-    """The ``<Code>`` of an S3 error document ('' if none)."""
-    match = re.search(r"<Code>([^<]*)</Code>", body)
-    return match.group(1) if match else ""
 
 
 _GLOG_LINE = re.compile(r"^([FEW])\d{4} [\d:.]+ +\S+:\d+\]? (.*)$")

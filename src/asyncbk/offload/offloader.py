@@ -64,12 +64,12 @@ from ..tiered.format import (
     decode_index,
     decode_trailer,
 )
+from ..tiered.reader import stream_blocks
 from ..tiered.store import UPLOAD_PART_BYTES, ObjectStore
 from .policy import ObjectKey, Sweep, deletion_due, offload_candidates, sweep_decision
 
 READ_WINDOW_ENTRIES = 64
 """Entries the offloader reads from the bookies per request (one more in flight)."""
-VERIFY_BLOCKS_INFLIGHT = 4
 SWEEP_GRACE_S_DEFAULT = 3600.0
 """An object no segment names, whose segment still exists, is deleted once this old
 (it may be a copy in progress)."""
@@ -373,14 +373,13 @@ class Offloader:
         entries = xxhash.xxh3_64()
         expect_at = HEADER.size
         m = len(idx.block_firsts)
-        for lo in range(0, m, VERIFY_BLOCKS_INFLIGHT):
-            blocks = list(range(lo, min(m, lo + VERIFY_BLOCKS_INFLIGHT)))
-            got = await self.store.get_ranges(key, [idx.block_range(b) for b in blocks])
-            for b, data in zip(blocks, got, strict=True):
-                start, end = idx.block_range(b)
-                if start != expect_at or len(data) != end - start:
-                    raise CorruptObjectError(f"{where}: block {b} is not where it should be")
-                expect_at = end
+        for b in range(m):
+            start, end = idx.block_range(b)
+            if start != expect_at:
+                raise CorruptObjectError(f"{where}: block {b} is not where it should be")
+            expect_at = end
+        if m:  # one streamed GET of every block
+            async for b, data in stream_blocks(self.store, key, idx, 0, m - 1, where):
                 first, last = idx.block_entries(b)
                 for payload in decode_block(data, f"{where} block {b}", first, last):
                     entries.update(payload)

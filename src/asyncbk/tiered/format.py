@@ -221,14 +221,14 @@ def decode_index(data: bytes, where: str) -> ObjectIndex:
     return ObjectIndex(first, entries, payload_bytes, firsts, offsets, lengths)
 
 
-def decode_block(data: bytes, where: str, first_entry: int | None = None,
+def decode_block(data: bytes | memoryview, where: str, first_entry: int | None = None,
                  last_entry: int | None = None) -> list[bytes]:
-    """The payloads of a block, its checksum checked (and, when given, that it holds
-    entries ``first_entry`` to ``last_entry``)."""
+    """The payloads of a block (given as bytes or a view of them), its checksum checked
+    (and, when given, that it holds entries ``first_entry`` to ``last_entry``)."""
     if len(data) < BLOCK_HEAD.size + 8:
         raise CorruptObjectError(f"{where}: block too short ({len(data)} bytes)")
     end = len(data) - 8
-    if xxhash.xxh3_64_intdigest(memoryview(data)[:end]) != _U64.unpack_from(data, end)[0]:
+    if xxhash.xxh3_64_intdigest(data[:end]) != _U64.unpack_from(data, end)[0]:
         raise CorruptObjectError(f"{where}: block checksum mismatch")
     magic, count, first = BLOCK_HEAD.unpack_from(data)
     if magic != BLOCK_MAGIC:
@@ -247,7 +247,7 @@ def decode_block(data: bytes, where: str, first_entry: int | None = None,
         at += 4
         if at + n > end:
             raise CorruptObjectError(f"{where}: block truncated")
-        out.append(data[at:at + n])
+        out.append(bytes(data[at:at + n]))
         at += n
     if at != end:
         raise CorruptObjectError(f"{where}: {end - at} stray bytes after the block's entries")

@@ -291,37 +291,49 @@ class ObjectSegmentReader:
                              ) -> None:
         """Blocks ``b0`` to ``b1`` of one streamed GET onto ``queue`` (then None; or the
         error)."""
-        block = b0
-        start = idx.block_offsets[b0]
-        end = idx.block_range(b1)[1]
-        buf = bytearray()
-        at = start  # the object offset of buf[0]
         try:
             self.gets += 1
-            async for chunk in self._store.stream_range(self._offload.key, start, end):
-                buf += chunk
-                while block <= b1:
-                    b_start, b_end = idx.block_range(block)
-                    if b_end - at > len(buf):
-                        break
-                    first, last = idx.block_entries(block)
-                    data = bytes(buf[b_start - at:b_end - at])
-                    payloads = decode_block(data, f"{self._where} block {block}", first, last)
-                    del buf[:b_end - at]
-                    at = b_end
-                    self._blocks[block] = payloads
-                    while len(self._blocks) > BLOCK_CACHE:
-                        self._blocks.popitem(last=False)
-                    await queue.put((block, payloads))
-                    block += 1
-            if block <= b1:
-                raise CorruptObjectError(f"{self._where}: the object ended before block {block}")
+            async for block, data in stream_blocks(self._store, self._offload.key, idx, b0, b1,
+                                                   self._where):
+                first, last = idx.block_entries(block)
+                payloads = decode_block(data, f"{self._where} block {block}", first, last)
+                self._blocks[block] = payloads
+                while len(self._blocks) > BLOCK_CACHE:
+                    self._blocks.popitem(last=False)
+                await queue.put((block, payloads))
             await queue.put(None)
         except ObjectStoreError as exc:
             await queue.put(exc)
 
     async def close(self) -> None:
         """Nothing to release (provided for symmetry with read handles)."""
+
+
+async def stream_blocks(store: ObjectStore, key: str, idx: ObjectIndex, b0: int, b1: int,
+                        where: str) -> AsyncIterator[tuple[int, memoryview]]:
+    """Blocks ``b0`` to ``b1`` of object ``key`` (whose index is ``idx``), undecoded,
+    from one streamed GET: each as soon as its last byte has come, a view of the
+    piece that holds it when it is wholly in one (no copy).  CorruptObjectError if
+    the object ends early."""
+    block = b0
+    start = idx.block_offsets[b0]
+    end = idx.block_range(b1)[1]
+    leftover = b""  # the start of a block whose end has not come yet
+    at = start  # the object offset of leftover[0]
+    async for chunk in store.stream_range(key, start, end):
+        data = memoryview(leftover + bytes(chunk)) if leftover else memoryview(chunk)
+        pos = 0
+        while block <= b1:
+            b_start, b_end = idx.block_range(block)
+            if b_end - at > len(data):
+                break
+            yield block, data[b_start - at:b_end - at]
+            pos = b_end - at
+            block += 1
+        leftover = bytes(data[pos:])
+        at += pos
+    if block <= b1:
+        raise CorruptObjectError(f"{where}: the object ended before block {block}")
 
 
 async def open_offloaded(objects: ObjectStores, offload: ObjectRef, ledger_id: int,

@@ -64,7 +64,7 @@ class ObjectStore(Protocol):
         """Several ranges of one object (requests coalesced where close)."""
 
     def stream_range(self, key: str, start: int, end: int,
-                     chunk_bytes: int = STREAM_CHUNK_BYTES) -> AsyncIterator[bytes]:
+                     chunk_bytes: int = STREAM_CHUNK_BYTES) -> AsyncIterator[bytes | memoryview]:
         """Bytes ``[start, end)`` of the object as they arrive, in pieces of about
         ``chunk_bytes``: one request for a sequential read (each piece within the
         request timeout)."""
@@ -190,7 +190,8 @@ class S3ObjectStore:
         return [bytes(b) for b in got]
 
     async def stream_range(self, key: str, start: int, end: int,
-                           chunk_bytes: int = STREAM_CHUNK_BYTES) -> AsyncIterator[bytes]:
+                           chunk_bytes: int = STREAM_CHUNK_BYTES
+                           ) -> AsyncIterator[bytes | memoryview]:
         import obstore
 
         if end <= start:
@@ -203,7 +204,7 @@ class S3ObjectStore:
                 chunk = await self._call("streamed read", key, it.__anext__)
             except StopAsyncIteration:
                 return
-            yield bytes(chunk)
+            yield memoryview(chunk)  # (the client's buffer, not a copy)
 
     async def head(self, key: str) -> ObjectInfo | None:
         import obstore
@@ -292,7 +293,8 @@ class MemoryObjectStore:
         return [await self.get_range(key, s, e) for s, e in ranges]
 
     async def stream_range(self, key: str, start: int, end: int,
-                           chunk_bytes: int = STREAM_CHUNK_BYTES) -> AsyncIterator[bytes]:
+                           chunk_bytes: int = STREAM_CHUNK_BYTES
+                           ) -> AsyncIterator[bytes | memoryview]:
         body = await self.get_range(key, start, end)
         chunk_bytes = self.stream_chunk_bytes or chunk_bytes
         for at in range(0, len(body), chunk_bytes):
