@@ -32,8 +32,8 @@ def test_main_registers_each_command_from_its_own_module() -> None:
     the order --help lists them; the README's commands are all there."""
     parser = main.build_parser()
     names = list(_subcommands(parser))
-    assert names == list(main.COMMANDS) == ["standalone", "bookie", "autorecovery", "bench",
-                                            "stream", "shell"]
+    assert names == list(main.COMMANDS) == ["standalone", "bookie", "autorecovery", "offload",
+                                            "bench", "stream", "shell"]
     for name, module in main.COMMANDS.items():
         sub = argparse.ArgumentParser(prog="asyncbk").add_subparsers(parser_class=common.Parser)
         assert module.add_parser(sub).prog == f"asyncbk {name}"

@@ -69,6 +69,8 @@ BLOCKS_INFLIGHT = 4
 """Ranged GETs one read or one read-ahead keeps in flight."""
 BLOCK_CACHE = 8
 """Decoded blocks one reader keeps (entry-by-entry reads hit them)."""
+BOOKIE_WINDOW_ENTRIES = 64
+"""Entries one read of the bookies' copy asks for, when reading falls back to it."""
 INDEX_CACHE_MAX = 256
 """Indexes a process keeps (one per offloaded segment read lately)."""
 
@@ -233,8 +235,9 @@ class ObjectSegmentReader:
                     raise
                 await self._bookie_read(start, start, exc)  # switches to the bookies
         if self._bookies is not None:
-            for e in await self._bookies.read(start, last):
-                yield e
+            for lo in range(start, last + 1, BOOKIE_WINDOW_ENTRIES):
+                for e in await self._bookies.read(lo, min(last, lo + BOOKIE_WINDOW_ENTRIES - 1)):
+                    yield e
             return
         queue: asyncio.Queue[tuple[int, list[bytes]] | BaseException | None] = \
             asyncio.Queue(self._readahead)
