@@ -63,6 +63,22 @@ class AheadClock(SystemClock):
         return time.time() + self.ahead_s
 
 
+def cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 if gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(cluster: LocalCluster) -> dict[str, float]:
+    """CPU seconds so far of the object store and of the bookies."""
+    store = cluster.object_store
+    return {"object_store": cpu_s(store.pid if store else None),
+            "bookies": sum(cpu_s(b.pid) for b in cluster.bookies)}
+
+
 def entrylog_bytes(cluster: LocalCluster) -> int:
     return sum(p.stat().st_size for b in cluster.bookies
                for p in (b.ledger_dir / "entrylog").iterdir())
@@ -175,7 +191,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 rounds: list[dict[str, float]] = []
                 for r in range(args.rounds):
                     order = ("obj", "bk") if r % 2 == 0 else ("bk", "obj")
-                    got = {s: await catch_up(ns, s, args.records) for s in order}
+                    got: dict[str, float] = {}
+                    for s in order:
+                        before = server_cpu(c)
+                        got[s] = await catch_up(ns, s, args.records)
+                        after = server_cpu(c)
+                        server = "object_store" if s == "obj" else "bookies"
+                        got[f"{s}_server_cpu_s"] = after[server] - before[server]
                     rounds.append(got)
                     print(f"  round {r + 1}: object store {got['obj']:,.0f} records/s, "
                           f"bookies {got['bk']:,.0f} records/s", flush=True)
@@ -184,7 +206,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     "bookies_rps": statistics.median(x["bk"] for x in rounds),
                     "ratio": statistics.median(x["obj"] / x["bk"] for x in rounds),
                     "rounds": rounds}
-                print(f"catch-up read: object/bookies = {out['catch_up']['ratio']:.2f}",
+                print(f"catch-up read: object/bookies = {out['catch_up']['ratio']:.2f}; server "
+                      f"CPU per read: object store "
+                      f"{statistics.median(x['obj_server_cpu_s'] for x in rounds):.2f} s, "
+                      f"bookies {statistics.median(x['bk_server_cpu_s'] for x in rounds):.2f} s",
                       flush=True)
             if "spark" in parts:
                 out["spark"] = await asyncio.to_thread(spark_part, c, ns.name, args, creds)
@@ -199,12 +224,18 @@ def spark_part(c: LocalCluster, namespace: str, args: argparse.Namespace,
 
     spark = local_session("asyncbk-bench-tiered")
     try:
+        cpu: dict[str, list[float]] = {"obj": [], "bk": []}
+
         def read(stream: str) -> float:
+            before = server_cpu(c)
             t0 = time.perf_counter()
             row = (spark.read.format("asyncbk").option("metadataUri", c.metadata_uri)
                    .option("namespace", namespace).option("streams", stream).load()
                    .selectExpr("count(*) AS n", "sum(length(data)) AS b").collect()[0])
             spent = time.perf_counter() - t0
+            after = server_cpu(c)
+            server = "object_store" if stream == "obj" else "bookies"
+            cpu[stream].append(after[server] - before[server])
             assert row["n"] == args.records, row
             return spent
 
@@ -217,11 +248,15 @@ def spark_part(c: LocalCluster, namespace: str, args: argparse.Namespace,
             rounds.append(got)
             print(f"  spark round {r + 1}: object store {got['obj']:.2f} s, bookies "
                   f"{got['bk']:.2f} s", flush=True)
-        result = {"object_s": min(x["obj"] for x in rounds),
+        result = {"object_server_cpu_s": statistics.median(cpu["obj"]),
+                  "bookies_server_cpu_s": statistics.median(cpu["bk"]),
+                  "object_s": min(x["obj"] for x in rounds),
                   "bookies_s": min(x["bk"] for x in rounds),
                   "ratio_time": statistics.median(x["obj"] / x["bk"] for x in rounds),
                   "rounds": rounds}
-        print(f"spark batch read: object/bookies time = {result['ratio_time']:.2f}", flush=True)
+        print(f"spark batch read: object/bookies time = {result['ratio_time']:.2f}; server CPU "
+              f"per read: object store {result['object_server_cpu_s']:.2f} s, bookies "
+              f"{result['bookies_server_cpu_s']:.2f} s", flush=True)
         return result
     finally:
         spark.stop()
