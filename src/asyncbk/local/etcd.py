@@ -20,7 +20,6 @@ of etcd outages use this).
 from __future__ import annotations
 
 import asyncio
-import atexit
 import base64
 import contextlib
 import os
@@ -29,7 +28,6 @@ import shutil
 import signal
 import ssl
 from pathlib import Path
-from types import TracebackType
 
 import aiohttp
 
@@ -37,12 +35,12 @@ from ..bookie.startup import port_free, port_in_use_message
 from ..meta import keys
 from .ports import free_port
 from .process import LocalClusterError, guarded
+from .server import ServerProcess
 from .tls import LocalTLS
 
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S_DEFAULT = 20.0
 STOP_TIMEOUT_S_DEFAULT = 10.0
-LOG_TAIL_BYTES = 4000
 _PORT_RETRIES = 3
 
 
@@ -69,18 +67,9 @@ def find_etcd_binary() -> str:
     )
 
 
-_RUNNING: set[EtcdServer] = set()
-"""Servers whose process may be alive (strong references on purpose: a
-forgotten server must still be killed at exit)."""
 
 
-@atexit.register
-def _kill_leftovers() -> None:
-    for server in list(_RUNNING):
-        server.kill()
-
-
-class EtcdServer:
+class EtcdServer(ServerProcess):
     """One etcd member on loopback; see the module docstring.
 
     ``workdir`` holds ``etcd-data/`` (etcd's ``--data-dir``) and ``etcd.log``
@@ -155,14 +144,6 @@ class EtcdServer:
         """The metadata URI of this etcd under ``root``: ``etcd://127.0.0.1:port/<root>``
         (``etcds://`` with TLS)."""
         return f"{'etcds' if self.tls else 'etcd'}://{self.endpoint}/{root.strip('/')}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -244,7 +225,7 @@ class EtcdServer:
             )
         finally:
             log.close()  # the child has its own descriptor
-        _RUNNING.add(self)
+        self.track()
         try:
             await self._wait_ready()
         except BaseException:
@@ -345,46 +326,11 @@ class EtcdServer:
             raise
         finally:
             if proc.returncode is not None:
-                _RUNNING.discard(self)
+                self.untrack()
                 self._proc = None
 
     async def _reap(self) -> None:
         if self._proc is not None:
             await self._proc.wait()
-            _RUNNING.discard(self)
+            self.untrack()
 
-    def kill(self) -> None:
-        """SIGKILL now, without waiting (safe to call any time; ``stop()`` reaps).
-
-        Signals the pid directly rather than through the asyncio transport, so
-        that it also works from the ``atexit`` hook after the loop is gone."""
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-
-    async def log_tail(self, nbytes: int = LOG_TAIL_BYTES) -> str:
-        """The last ``nbytes`` of etcd's log (for error messages)."""
-
-        def read() -> str:
-            try:
-                with self.log_path.open("rb") as fh:
-                    fh.seek(0, os.SEEK_END)
-                    fh.seek(max(0, fh.tell() - nbytes))
-                    return fh.read().decode(errors="replace")
-            except OSError as exc:
-                return f"<cannot read {self.log_path}: {exc}>"
-
-        return await asyncio.to_thread(read)
-
-    async def __aenter__(self) -> EtcdServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()

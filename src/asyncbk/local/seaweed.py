@@ -35,7 +35,6 @@ in ``/tmp``; ``stop()`` removes those nobody listens on any more.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import importlib.metadata
 import json
@@ -48,7 +47,6 @@ import time
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from types import TracebackType
 from urllib.parse import quote, urlencode
 
 import aiohttp
@@ -64,13 +62,13 @@ from .s3local import (
     sigv4_headers,
     write_private,
 )
+from .server import ServerProcess
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_BUCKET = "asyncbk"
 DEFAULT_REGION = "us-east-1"
 READY_TIMEOUT_S_DEFAULT = 30.0
 STOP_TIMEOUT_S_DEFAULT = 2.0
-LOG_TAIL_BYTES = 4000
 CREDENTIALS_FILE = "credentials.env"
 S3_CONFIG_FILE = "s3-identities.json"
 PORTS_FILE = "ports.json"
@@ -153,18 +151,9 @@ class SeaweedPorts:
         return [_SOCKET_DIR / f"seaweedfs-{name}.sock" for name in names]
 
 
-_RUNNING: set[SeaweedServer] = set()
-"""Servers whose process may be alive (strong references on purpose: a
-forgotten server must still be killed at exit)."""
 
 
-@atexit.register
-def _kill_leftovers() -> None:
-    for server in list(_RUNNING):
-        server.kill()
-
-
-class SeaweedServer:
+class SeaweedServer(ServerProcess):
     """One SeaweedFS (master, volume server, filer, S3 gateway) on loopback; see the
     module docstring.
 
@@ -265,14 +254,6 @@ class SeaweedServer:
         return {"AWS_ACCESS_KEY_ID": creds.access_key_id,
                 "AWS_SECRET_ACCESS_KEY": creds.secret_access_key,
                 "AWS_REGION": self.region}
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -451,7 +432,7 @@ class SeaweedServer:
             )
         finally:
             log.close()  # the child has its own descriptor
-        _RUNNING.add(self)
+        self.track()
         try:
             await self._wait_ready()
         except BaseException:
@@ -526,8 +507,8 @@ class SeaweedServer:
             return
         try:
             if proc.returncode is None:
-                self._signal(signal.SIGCONT)  # a paused weed cannot act on SIGTERM
-                self._signal(signal.SIGTERM)
+                self.signal(signal.SIGCONT)  # a paused weed cannot act on SIGTERM
+                self.signal(signal.SIGTERM)
                 try:
                     await asyncio.wait_for(proc.wait(), self.stop_timeout_s)
                 except TimeoutError:
@@ -539,7 +520,7 @@ class SeaweedServer:
             raise
         finally:
             if proc.returncode is not None:
-                _RUNNING.discard(self)
+                self.untrack()
                 self._proc = None
         if self._ports is not None:
             await asyncio.to_thread(_remove_dead_sockets, self._ports.sockets())
@@ -547,14 +528,7 @@ class SeaweedServer:
     async def _reap(self) -> None:
         if self._proc is not None:
             await self._proc.wait()
-            _RUNNING.discard(self)
-
-    def kill(self) -> None:
-        """SIGKILL now, without waiting (safe to call any time; ``stop()`` reaps).
-
-        Signals the pid directly rather than through the asyncio transport, so
-        that it also works from the ``atexit`` hook after the loop is gone."""
-        self._signal(signal.SIGKILL)
+            self.untrack()
 
     def pause(self) -> None:
         """SIGSTOP: weed hangs (connections stay open, nothing is answered).
@@ -566,7 +540,7 @@ class SeaweedServer:
         pid = self.pid
         if pid is None or not self.running:
             return
-        self._signal(signal.SIGSTOP)
+        self.signal(signal.SIGSTOP)
         deadline = time.monotonic() + _PAUSE_TIMEOUT_S
         while not _all_threads_stopped(pid):
             if time.monotonic() >= deadline:
@@ -576,39 +550,8 @@ class SeaweedServer:
 
     def resume(self) -> None:
         """SIGCONT after :meth:`pause`: weed goes on where it stood."""
-        self._signal(signal.SIGCONT)
+        self.signal(signal.SIGCONT)
 
-    def _signal(self, sig: int) -> None:
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, sig)
-
-    async def log_tail(self, nbytes: int = LOG_TAIL_BYTES) -> str:
-        """The last ``nbytes`` of weed's log (for error messages)."""
-
-        def read() -> str:
-            try:
-                with self.log_path.open("rb") as fh:
-                    fh.seek(0, os.SEEK_END)
-                    fh.seek(max(0, fh.tell() - nbytes))
-                    return fh.read().decode(errors="replace")
-            except OSError as exc:
-                return f"<cannot read {self.log_path}: {exc}>"
-
-        return await asyncio.to_thread(read)
-
-    async def __aenter__(self) -> SeaweedServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
 
 # --- helpers ----------------------------------------------------------------
