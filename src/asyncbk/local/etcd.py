@@ -25,7 +25,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import signal
 import ssl
 from pathlib import Path
 
@@ -231,7 +230,7 @@ class EtcdServer(ServerProcess):
         except BaseException:
             self.kill()
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._reap())
+                await asyncio.shield(self.reap())
             raise
 
     async def _wait_ready(self) -> None:
@@ -305,32 +304,4 @@ class EtcdServer(ServerProcess):
                 "range_end": b64(keys.prefix_end(prefix).encode("latin-1"))}})
             await call("auth/enable", {})
 
-    async def stop(self) -> None:
-        """SIGTERM, then SIGKILL after ``stop_timeout_s``; returns once the
-        process is gone.  Keeps ports and data for a later ``start()``."""
-        proc = self._proc
-        if proc is None:
-            return
-        try:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(proc.wait(), self.stop_timeout_s)
-                except TimeoutError:
-                    self.kill()
-            await self._reap()
-        except BaseException:
-            # Cancelled (or worse) half-way: never leave etcd running.
-            self.kill()
-            raise
-        finally:
-            if proc.returncode is not None:
-                self.untrack()
-                self._proc = None
-
-    async def _reap(self) -> None:
-        if self._proc is not None:
-            await self._proc.wait()
-            self.untrack()
 

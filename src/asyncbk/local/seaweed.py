@@ -438,7 +438,7 @@ class SeaweedServer(ServerProcess):
         except BaseException:
             self.kill()
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._reap())
+                await asyncio.shield(self.reap())
                 await asyncio.to_thread(_remove_dead_sockets, self.ports.sockets())
             raise
 
@@ -499,36 +499,10 @@ class SeaweedServer(ServerProcess):
         async with session.request(method, url, headers=headers) as resp:
             return resp.status, await resp.text(errors="replace")
 
-    async def stop(self) -> None:
-        """SIGTERM, then SIGKILL after ``stop_timeout_s``; returns once the process
-        is gone.  Keeps data, credentials and ports for a later ``start()``."""
-        proc = self._proc
-        if proc is None:
-            return
-        try:
-            if proc.returncode is None:
-                self.signal(signal.SIGCONT)  # a paused weed cannot act on SIGTERM
-                self.signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(proc.wait(), self.stop_timeout_s)
-                except TimeoutError:
-                    self.kill()
-            await self._reap()
-        except BaseException:
-            # cancelled (or worse) half-way: never leave weed running
-            self.kill()
-            raise
-        finally:
-            if proc.returncode is not None:
-                self.untrack()
-                self._proc = None
+    async def stopped(self) -> None:
+        """weed leaves its gRPC sockets behind: remove those nothing listens on."""
         if self._ports is not None:
             await asyncio.to_thread(_remove_dead_sockets, self._ports.sockets())
-
-    async def _reap(self) -> None:
-        if self._proc is not None:
-            await self._proc.wait()
-            self.untrack()
 
     def pause(self) -> None:
         """SIGSTOP: weed hangs (connections stay open, nothing is answered).

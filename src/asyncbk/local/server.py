@@ -79,11 +79,44 @@ class ServerProcess:
 
         return await asyncio.to_thread(read)
 
+    stop_timeout_s: float = 10.0
+
     async def start(self) -> None:
         raise NotImplementedError
 
     async def stop(self) -> None:
-        raise NotImplementedError
+        """SIGTERM, then SIGKILL after ``stop_timeout_s``; returns once the process is
+        gone (its data and ports stay, for a later ``start()``).  Cancelled half-way,
+        it kills the process rather than leave it running."""
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            if proc.returncode is None:
+                self.signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
+                self.signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(proc.wait(), self.stop_timeout_s)
+                except TimeoutError:
+                    self.kill()
+            await self.reap()
+        except BaseException:
+            self.kill()
+            raise
+        finally:
+            if proc.returncode is not None:
+                self.untrack()
+                self._proc = None
+        await self.stopped()
+
+    async def stopped(self) -> None:
+        """Called once the process is gone (a subclass cleans up after it)."""
+
+    async def reap(self) -> None:
+        """Wait for the process to end (after a kill)."""
+        if self._proc is not None:
+            await self._proc.wait()
+            self.untrack()
 
     async def __aenter__(self) -> Self:
         await self.start()
