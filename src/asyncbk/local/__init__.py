@@ -5,7 +5,8 @@ request, a real S3-compatible object store: :class:`SeaweedServer`).
 re-exports it for tests.  See :class:`LocalCluster`.
 """
 
-from .cluster import LocalAutoRecovery, LocalBookie, LocalCluster, free_port
+from .children import LocalAutoRecovery, LocalBookie
+from .cluster import LocalCluster, free_port
 from .etcd import EtcdServer, EtcdServerError, find_etcd_binary
 from .network import Latency, Network, NetworkError, Topology, network_unavailable
 from .process import ClusterRunningError, LocalClusterError
