@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import secrets
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,7 +140,8 @@ class Offloader:
 
     def __init__(self, client: LedgerClient, store: ObjectStore,
                  options: OffloaderOptions | None = None, *, clock: Clock = LOOP_CLOCK,
-                 progress: Progress | None = None, step_hook: StepHook | None = None) -> None:
+                 progress: Progress | None = None, step_hook: StepHook | None = None,
+                 rng: random.Random | None = None) -> None:
         self.client = client
         self.store = store
         self.options = options or OffloaderOptions()
@@ -150,6 +151,8 @@ class Offloader:
         self._log = get_logger(component="offloader", store=str(store.uri))
         self._progress = progress or (lambda line: None)
         self._step_hook = step_hook
+        self._rng = rng if rng is not None else random.Random()
+        """Draws the objects' key nonces (a seeded one in the simulator)."""
         client.objects.add(store)  # this client's reads of what it offloads use it too
 
     def _now_ms(self) -> int:
@@ -254,7 +257,8 @@ class Offloader:
         if not md.is_closed:
             raise BKError(f"segment {where}: ledger {seg.ledger_id} is not closed")
         last_entry = md.last_entry_id
-        key = str(ObjectKey(ns, stream, seg.seq, seg.ledger_id, secrets.token_hex(4)))
+        key = str(ObjectKey(ns, stream, seg.seq, seg.ledger_id,
+                            f"{self._rng.getrandbits(32):08x}"))
         self._progress(f"offloading {where} (ledger {seg.ledger_id}, {last_entry + 1} entries, "
                        f"{seg.size_bytes} bytes) to {key}")
         payload_digest = xxhash.xxh3_64()
