@@ -19,6 +19,7 @@ RETRIABLE = {
     "NotEnoughBookiesError", "PlacementError", "BookieUnavailableError",
     "MetadataVersionError", "TimeoutError", "BookieReadOnlyError", "TooManyRequestsError",
     "BookieIOError", "MetadataError", "ReadBeyondLastAddConfirmedError",
+    "ObjectStoreUnavailableError",
 }
 
 

@@ -111,7 +111,7 @@ class StreamContext:
                    defaults=defaults, stats=stats if stats is not None else StreamStats(),
                    limits=StreamLimits.from_frame_bytes_max(client.config.frame_bytes_max),
                    rng=rng if rng is not None else random.Random(), clock=clock,
-                   logger=get_logger, objects=client.objects,
+                   logger=get_logger, objects=_objects_of(client),
                    object_read_timeout_s=client.config.object_store_read_timeout_s)
 
     def stream_config(self, sm: StreamMeta) -> StreamConfig:
@@ -125,6 +125,13 @@ class StreamContext:
     def now_ms(self) -> int:
         """Wall-clock milliseconds (the times recorded in segment metadata)."""
         return int(self.clock.wall_s() * 1000)
+
+
+def _objects_of(client: LedgerClient) -> ObjectStores:
+    """The client's object stores; a client made before tiered storage (one without
+    them) gets its own set, signing in from the environment."""
+    objects = getattr(client, "objects", None)
+    return objects if isinstance(objects, ObjectStores) else ObjectStores()
 
 
 async def open_context(client: LedgerClient, namespace: str, *,
