@@ -176,7 +176,7 @@ async def test_batched_cas_coalesces_and_tells_each_writer_its_outcome() -> None
 
     from asyncbk.errors import MetadataVersionError
     from asyncbk.meta.memory import MemoryMetadataStore
-    from asyncbk.stream.meta import CAS_BATCH_KEYS_MAX, BatchedCas
+    from asyncbk.stream.cas import CAS_BATCH_KEYS_MAX, BatchedCas
 
     store = MemoryMetadataStore("/t")
     versions = {}

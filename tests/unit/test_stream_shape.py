@@ -124,7 +124,8 @@ def test_no_private_name_of_another_module(package: str) -> None:
 
 
 STREAM_ORDER = ["__init__", "metrics", "client", "namespace", "writer", "adopt", "retention",
-                "subscription", "reader", "cursor", "segment_ledger", "context", "meta", "codec",
+                "subscription", "reader", "cursor", "segment_ledger", "context", "cas", "meta",
+                "codec",
                 "position", "stats"]
 """The modules of ``asyncbk.stream``, each importing only modules after it (the
 order docs/streams.md gives)."""

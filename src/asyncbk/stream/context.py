@@ -21,8 +21,9 @@ from ..config import ClientConfig
 from ..log import get_logger
 from ..meta.api import MetadataStore
 from ..tiered.store import ObjectStores
+from .cas import BatchedCas
 from .codec import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
-from .meta import BatchedCas, StreamConfig, StreamMeta, StreamMetadata
+from .meta import StreamConfig, StreamMeta, StreamMetadata
 from .stats import StreamStats
 
 if TYPE_CHECKING:
