@@ -43,7 +43,7 @@ import uvloop
 
 import asyncbk.local.cluster as local_cluster
 from asyncbk.config import FRAME_BYTES_MAX_DEFAULT
-from asyncbk.net.channel import BookieClient
+from asyncbk.net.pool import BookieClient
 from asyncbk.proto import ReadRequest, ReadResponse, Status
 from asyncbk.testing.cluster import LocalBookie, LocalCluster
 

@@ -185,7 +185,7 @@ async def test_pause_resume_kill(tmp_path: Path) -> None:
         timeout = aiohttp.ClientTimeout(total=1.0)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             for _ in range(3):
-                server.pause()
+                await server.pause()
                 with pytest.raises(TimeoutError):
                     async with http.head(url):
                         pass

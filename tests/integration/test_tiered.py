@@ -275,7 +275,7 @@ async def test_a_paused_store_falls_back_to_the_bookies_then_fails_naming_the_ob
     assert seaweed is not None
     reader = await tcluster.client(object_store_read_timeout_s=2.0)
     rns = await reader.namespace("t")
-    seaweed.pause()
+    await seaweed.pause()
     try:
         # The bookies still hold every segment: the reads go there.
         assert await read_all(rns, "s", 300) == before
@@ -290,7 +290,7 @@ async def test_a_paused_store_falls_back_to_the_bookies_then_fails_naming_the_ob
     for s in await ns.md.segments(ns.name, "s"):
         if s.offload is not None:
             await Offloader(bk, store).delete_bookie_copy(ns.context, "s", s)
-    seaweed.pause()
+    await seaweed.pause()
     try:
         with pytest.raises(ObjectStoreError, match=r"s3://.*\.seg"):
             await read_all(rns, "s", 300)

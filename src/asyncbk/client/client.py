@@ -18,8 +18,8 @@ from ..log import get_logger
 from ..meta.api import MetadataStore
 from ..meta.model import DIGESTS, LedgerMetadata, LedgerState, new_metadata
 from ..meta.uri import open_metadata_store
-from ..net.channel import BookieClient
 from ..net.connector import Connector, tcp_connector
+from ..net.pool import BookieClient
 from ..tiered.store import ObjectStores
 from ..topology import POLICIES
 from ..types import BookieId

@@ -17,7 +17,7 @@ from ..config import ClientConfig
 from ..errors import BKError
 from ..log import get_logger
 from ..meta.api import MetadataStore
-from ..net.channel import BookieClient
+from ..net.pool import BookieClient
 from ..proto import BookieInfoRequest, BookieInfoResponse, Status
 from ..stats import LatencyHistogram
 from ..types import BookieId

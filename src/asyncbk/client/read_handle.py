@@ -36,7 +36,7 @@ from ..errors import (
     UnauthorizedAccessError,
 )
 from ..meta.model import Ensemble, LedgerMetadata
-from ..net.channel import expect_answer, next_answers
+from ..net.pool import expect_answer, next_answers
 from ..proto import (
     LongPollLacRequest,
     LongPollLacResponse,

@@ -39,7 +39,7 @@ from ..errors import (
     UnauthorizedAccessError,
 )
 from ..meta.model import LedgerMetadata, LedgerState
-from ..net.channel import expect_answer, next_answers
+from ..net.pool import expect_answer, next_answers
 from ..proto import ReadFlag, ReadRequest, ReadResponse, Response, Status
 from .context import ClientContext
 from .digest import DigestManager, master_key

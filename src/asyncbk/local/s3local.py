@@ -1,6 +1,6 @@
-"""The local object store's credentials and the few signed S3 requests its harness
-makes itself (creating the bucket, the readiness probe): the credentials file it
-keeps (mode 0600) and AWS Signature Version 4 headers for body-less requests.
+"""What the local object store's harness does by hand: files only its owner reads
+(the credentials, mode 0600), and AWS Signature Version 4 headers for the few
+body-less S3 requests it makes itself (creating the bucket, the readiness probe).
 The offloader and readers sign through obstore; this is for the harness only."""
 
 from __future__ import annotations
@@ -11,21 +11,10 @@ import hashlib
 import hmac
 import os
 import re
-import secrets
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-
-@dataclass(frozen=True, slots=True)
-class LocalS3Credentials:
-    access_key_id: str
-    secret_access_key: str = field(repr=False)
-
-    @classmethod
-    def new(cls) -> LocalS3Credentials:
-        # the shapes of AWS's own: 20 upper-case characters, 40 for the secret
-        return cls("AKBK" + secrets.token_hex(8).upper(), secrets.token_urlsafe(30))
+from ..tiered.location import Credentials
 
 
 def write_private(path: Path, text: str) -> None:
@@ -39,30 +28,7 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def credentials_text(creds: LocalS3Credentials, region: str, workdir: Path) -> str:
-    return (f"# The credentials of asyncbk's local object store (SeaweedFS) in {workdir}:\n"
-            f"# `source` this file to use them.\n"
-            f"export AWS_ACCESS_KEY_ID={creds.access_key_id}\n"
-            f"export AWS_SECRET_ACCESS_KEY={creds.secret_access_key}\n"
-            f"export AWS_REGION={region}\n")
-
-
-def read_credentials(path: Path) -> LocalS3Credentials | None:
-    """The credentials a previous start wrote (None if there are none)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    values: dict[str, str] = {}
-    for line in text.splitlines():
-        name, sep, value = line.strip().removeprefix("export ").partition("=")
-        if sep and not name.startswith("#"):
-            values[name.strip()] = value.strip()
-    key, secret = values.get("AWS_ACCESS_KEY_ID"), values.get("AWS_SECRET_ACCESS_KEY")
-    return LocalS3Credentials(key, secret) if key and secret else None
-
-
-def sigv4_headers(method: str, url: str, creds: LocalS3Credentials, region: str,
+def sigv4_headers(method: str, url: str, creds: Credentials, region: str,
                    now: datetime.datetime | None = None) -> dict[str, str]:
     """AWS Signature Version 4 headers for an S3 request without a body (path-style
     URL without a query)."""

@@ -43,25 +43,18 @@ import re
 import shutil
 import signal
 import socket
-import time
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from urllib.parse import quote, urlencode
 
 import aiohttp
 
 from ..bookie.startup import port_free, port_user
+from ..errors import ConfigError
+from ..tiered.location import Credentials, ObjectStoreUri, valid_bucket
 from .ports import free_port
 from .process import LocalClusterError, guarded
-from .s3local import (
-    LocalS3Credentials,
-    credentials_text,
-    read_credentials,
-    s3_error_code,
-    sigv4_headers,
-    write_private,
-)
+from .s3local import s3_error_code, sigv4_headers, write_private
 from .server import ServerProcess
 
 LOOPBACK = "127.0.0.1"
@@ -175,7 +168,7 @@ class SeaweedServer(ServerProcess):
         ready_timeout_s: float = READY_TIMEOUT_S_DEFAULT,
         stop_timeout_s: float = STOP_TIMEOUT_S_DEFAULT,
     ) -> None:
-        if not _valid_bucket(bucket):
+        if not valid_bucket(bucket):
             raise ValueError(f"bad bucket name {bucket!r}: 3 to 63 lower-case letters, "
                              "digits, '.' and '-', starting and ending with a letter or digit")
         self.workdir = Path(workdir)
@@ -196,7 +189,7 @@ class SeaweedServer(ServerProcess):
         self._ports: SeaweedPorts | None = None
         self._fresh: set[str] = set()
         """Ports picked anew for this start (re-picked if taken before weed binds them)."""
-        self._credentials: LocalS3Credentials | None = None
+        self._credentials: Credentials | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self.argv: list[str] = []
         """The command line of the last launch (what ``/proc/<pid>/cmdline`` shows;
@@ -225,16 +218,14 @@ class SeaweedServer(ServerProcess):
     def uri(self, prefix: str = "asyncbk") -> str:
         """``s3://BUCKET/PREFIX?endpoint=http://127.0.0.1:PORT``: where asyncbk keeps
         objects under ``prefix`` in this store (no credentials in it)."""
-        prefix = prefix.strip("/")
-        path = f"/{quote(prefix, safe='/')}" if prefix else ""
-        return f"s3://{self.bucket}{path}?{urlencode({'endpoint': self.endpoint}, safe=':/')}"
+        return str(ObjectStoreUri(self.bucket, prefix.strip("/"), self.endpoint, self.region))
 
     @property
     def prepared(self) -> bool:
         """Whether the ports and the credentials are known (after :meth:`prepare`)."""
         return self._ports is not None and self._credentials is not None
 
-    def _creds(self) -> LocalS3Credentials:
+    def _creds(self) -> Credentials:
         if self._credentials is None:
             raise SeaweedServerError("the object store has no credentials yet: start() it first")
         return self._credentials
@@ -270,8 +261,13 @@ class SeaweedServer(ServerProcess):
     def _prepare_files(self) -> None:
         self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.data_dir.mkdir(mode=0o700, exist_ok=True)
-        creds = read_credentials(self.credentials_path) or LocalS3Credentials.new()
-        write_private(self.credentials_path, credentials_text(creds, self.region, self.workdir))
+        try:
+            creds = Credentials.from_file(self.credentials_path)
+        except ConfigError:  # none yet (or unreadable): new ones
+            creds = Credentials.new()
+        write_private(self.credentials_path, creds.env_text(
+            self.region, f"The credentials of asyncbk's local object store (SeaweedFS) in "
+            f"{self.workdir}: `source` this file to use them."))
         write_private(self.config_path, json.dumps({"identities": [{
             "name": "asyncbk",
             "credentials": [{"accessKey": creds.access_key_id,
@@ -504,23 +500,26 @@ class SeaweedServer(ServerProcess):
         if self._ports is not None:
             await asyncio.to_thread(_remove_dead_sockets, self._ports.sockets())
 
-    def pause(self) -> None:
+    async def pause(self) -> None:
         """SIGSTOP: weed hangs (connections stay open, nothing is answered).
 
         Returns once every thread of weed has stopped (on Linux, through ``/proc``):
         until then a request sent right after the signal may still be answered.  The
-        kernel takes a few milliseconds, which this call spends waiting (a synchronous
-        method, like the bookies' ``pause()``); SeaweedServerError after 1 s."""
+        kernel takes a few milliseconds; SeaweedServerError after 1 s."""
         pid = self.pid
         if pid is None or not self.running:
             return
         self.signal(signal.SIGSTOP)
-        deadline = time.monotonic() + _PAUSE_TIMEOUT_S
-        while not _all_threads_stopped(pid):
-            if time.monotonic() >= deadline:
-                raise SeaweedServerError(f"weed (pid {pid}) has not stopped "
-                                         f"{_PAUSE_TIMEOUT_S}s after SIGSTOP")
-            time.sleep(0.0005)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _PAUSE_TIMEOUT_S
+        for _ in range(100_000):  # (bounded by the deadline long before)
+            if await asyncio.to_thread(_all_threads_stopped, pid):
+                return
+            if loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.001)
+        raise SeaweedServerError(f"weed (pid {pid}) has not stopped {_PAUSE_TIMEOUT_S}s "
+                                 "after SIGSTOP")
 
     def resume(self) -> None:
         """SIGCONT after :meth:`pause`: weed goes on where it stood."""
@@ -529,11 +528,6 @@ class SeaweedServer(ServerProcess):
 
 
 # --- helpers ----------------------------------------------------------------
-
-
-def _valid_bucket(name: str) -> bool:
-    return (3 <= len(name) <= 63 and name[0].isalnum() and name[-1].isalnum()
-            and all(c.islower() or c.isdigit() or c in ".-" for c in name))
 
 
 def _has_data_node(status: object) -> bool:

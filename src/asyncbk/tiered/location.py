@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import secrets
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ class ObjectStoreUri:
             raise ConfigError("object store URI: do not put credentials in the URI; use "
                               "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a credentials file")
         bucket = parts.netloc
-        if not bucket or not _valid_bucket(bucket):
+        if not bucket or not valid_bucket(bucket):
             raise ConfigError(f"object store URI {uri!r}: bad bucket name {bucket!r} (3 to 63 "
                               "lower-case letters, digits, '.' and '-')")
         query: dict[str, str] = {}
@@ -90,7 +91,9 @@ def object_name(store: str, key: str) -> str:
     return f"{base.rstrip('/')}/{key}{sep}{query}"
 
 
-def _valid_bucket(name: str) -> bool:
+def valid_bucket(name: str) -> bool:
+    """S3's bucket naming: 3 to 63 lower-case letters, digits, '.' and '-', starting and
+    ending with a letter or digit."""
     return (3 <= len(name) <= 63 and name[0].isalnum() and name[-1].isalnum()
             and all(c.islower() or c.isdigit() or c in ".-" for c in name))
 
@@ -103,6 +106,20 @@ class Credentials:
     access_key_id: str
     secret_access_key: str = field(repr=False)
     session_token: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def new(cls) -> Credentials:
+        """Fresh random credentials, in the shapes of AWS's own (a 20-character key id, a
+        40-character secret): what a local store is made to require."""
+        return cls("AKBK" + secrets.token_hex(8).upper(), secrets.token_urlsafe(30))
+
+    def env_text(self, region: str, comment: str) -> str:
+        """The credentials as ``export AWS_...=`` lines (what :meth:`from_file` reads
+        back), after ``# comment``."""
+        return (f"# {comment}\n"
+                f"export AWS_ACCESS_KEY_ID={self.access_key_id}\n"
+                f"export AWS_SECRET_ACCESS_KEY={self.secret_access_key}\n"
+                f"export AWS_REGION={region}\n")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials | None:
