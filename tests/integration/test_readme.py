@@ -1,5 +1,6 @@
 """The README as a test: its Python examples run against a real cluster, and every
-command (and option) its Commands table names exists."""
+command (and option) its Commands table names exists.  (The Spark example runs in
+tests/spark/test_readme_spark.py, beside the other Spark tests.)"""
 
 from __future__ import annotations
 
@@ -55,6 +56,14 @@ def test_readme_has_a_runnable_example() -> None:
     blocks = runnable_blocks()
     assert any(b.section == "The client in 15 lines" for b in blocks), \
         [b.section for b in blocks]
+
+
+def test_every_python_example_is_run_by_a_test() -> None:
+    """Each ```python block is a runnable example here, or the Spark one (run by the
+    Spark tests): none is left untested."""
+    untested = [b.section for b in python_blocks(README.read_text())
+                if b not in runnable_blocks() and b.section != "Spark"]
+    assert untested == []
 
 
 def test_the_client_in_15_lines_is_15_lines() -> None:
