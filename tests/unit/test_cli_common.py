@@ -90,6 +90,23 @@ def test_a_usage_error_names_help(capsys: pytest.CaptureFixture[str]) -> None:
                                        "--help)\n")
 
 
+@pytest.mark.parametrize(("argv", "prog"), [
+    (["stream", "list", "--metadata-uri", "etcd://h:1/r", "orders", "--bogus"],
+     "asyncbk stream list"),
+    (["shell", "listbookies", "--metadata-uri", "etcd://h:1/r", "--bogus"],
+     "asyncbk shell listbookies"),
+    (["standalone", "--bogus"], "asyncbk standalone"),
+    (["--bogus"], "asyncbk"),
+])
+def test_an_unknown_argument_names_its_own_commands_help(
+        argv: list[str], prog: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main.main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"{prog}: error: unrecognized arguments: --bogus "
+                                       f"(see {prog} --help)\n")
+
+
 def test_bench_without_a_workload_says_which(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main.main(["bench"])
