@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import os
 import random
+import socket
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
@@ -242,7 +244,7 @@ class EtcdClient:
                         raise
                     return await op(await self._authed_client(index))
             except _NOT_SENT_ERRORS as exc:
-                failures.append(f"{endpoint}: {exc}")
+                failures.append(f"{endpoint} ({_why_unreachable(exc, self.timeout_s)})")
                 self._failed(index)
             except aiohttp.ClientError as exc:
                 failures.append(f"{endpoint}: {exc!r}")
@@ -275,7 +277,7 @@ class EtcdClient:
                 if self._closed:  # aiohttp: "Session is closed"
                     raise MetadataError("etcd metadata store is closed") from exc
                 raise
-        raise MetadataError(f"cannot reach etcd for {what}: {'; '.join(failures)}")
+        raise MetadataError(f"cannot reach etcd for {what}: {', '.join(failures)}")
 
     async def probe(self) -> None:
         failures: list[str] = []
@@ -290,7 +292,7 @@ class EtcdClient:
                         resp.raise_for_status()
                         info = await resp.json(content_type=None)
             except (aiohttp.ClientError, builtins.TimeoutError, ValueError) as exc:
-                failures.append(f"{endpoint}: {str(exc) or type(exc).__name__}"
+                failures.append(f"{endpoint} ({_why_unreachable(exc, per_endpoint_s)})"
                                 f"{self._tls_hint(exc)}")
                 continue
             version = str(info.get("etcdserver", "")) if isinstance(info, dict) else ""
@@ -306,10 +308,8 @@ class EtcdClient:
             self._current = index
             break
         else:
-            raise MetadataError(
-                f"cannot reach etcd at {self._all_endpoints_text()}: {'; '.join(failures)}"
-                " -- is etcd running?"
-            )
+            raise MetadataError(f"cannot reach etcd at {', '.join(failures)} -- is etcd "
+                                "running?")
         # The KV API answers too (and the root prefix is readable).
         key = keys.instance_id(self.root)
         await self.call("probe read", lambda c: c.range(etcd_key(key)), retry_unknown=True)
@@ -322,8 +322,10 @@ class EtcdClient:
                 isinstance(exc, aiohttp.ServerDisconnectedError)
                 or isinstance(exc, aiohttp.ClientResponseError) and exc.status == 400):
             return " (does this etcd serve TLS? then write the URI as etcds://...)"
+        refused = isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
+            exc.os_error, ConnectionRefusedError | socket.gaierror)  # nothing to do with TLS
         if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) \
-                and self._ssl_context is not None:
+                and self._ssl_context is not None and not refused:
             return " (does this etcd serve TLS? a plain etcd is etcd://...)"
         return ""
 
@@ -444,3 +446,22 @@ class EtcdClient:
         self._clients = [None] * len(self.endpoints)
         for client in clients:
             await client.close()
+
+
+def _why_unreachable(exc: BaseException, timeout_s: float) -> str:
+    """A few words on why an endpoint could not be reached: "connection refused", "no
+    answer in 3.3 s", "no such host" (rather than aiohttp's text, which repeats the
+    address and names an SSL context even for plain HTTP)."""
+    if isinstance(exc, builtins.TimeoutError | aiohttp.ServerTimeoutError):
+        return f"no answer in {timeout_s:.1f} s"
+    if isinstance(exc, aiohttp.ClientConnectorError) and \
+            not isinstance(exc, aiohttp.ClientSSLError):
+        os_error = exc.os_error
+        if isinstance(os_error, socket.gaierror):
+            return f"cannot resolve the host: {(os_error.strerror or 'no address').lower()}"
+        if isinstance(os_error, OSError) and os_error.errno is not None:
+            return os.strerror(os_error.errno).lower()
+        return "cannot connect"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "closed the connection"
+    return str(exc) or type(exc).__name__

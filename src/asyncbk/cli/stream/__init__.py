@@ -89,7 +89,10 @@ async def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
         await require_cluster(bk, args.metadata_uri)
         if cmd in admin.ON_CLUSTER:
             return await admin.ON_CLUSTER[cmd](bk, args)
-        ns = await bk.namespace(args.namespace)
+        # `write --create` creates what is missing, the namespace (with its defaults)
+        # as the stream, as `bk.namespace(name, create=True)` does
+        create = cmd == "write" and args.create
+        ns = await bk.namespace(args.namespace, create=create)
         command = admin.ON_NAMESPACE.get(cmd) or data.ON_NAMESPACE.get(cmd) \
             or subs.ON_NAMESPACE.get(cmd)
         return 0 if command is None else await command(ns, args)

@@ -242,8 +242,9 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
                 "this (e.g. from cron, or as a service with --every) for streams that no "
                 "writer writes any more. Segments a subscription has not acknowledged "
                 "stay until its backlog quota is exceeded.")
-    p.add_argument("namespace", help="the namespace")
-    p.add_argument("stream", nargs="?", help="one stream (default: every stream of it)")
+    p.add_argument("namespace", metavar="NS", help="namespace name")
+    p.add_argument("stream", nargs="?", metavar="STREAM",
+                   help="one stream (default: every stream of it)")
     p.add_argument("--every", type=_seconds, default=0.0, metavar="SECONDS",
                    help="run again every SECONDS until Ctrl-C, measuring each subscription's "
                    "lag too (default: 0, once)")
@@ -261,7 +262,8 @@ def add_commands(sub: Any, add_log_options: Callable[[argparse.ArgumentParser], 
                 "of the stream and starts a new segment.")
     names(p)
     p.add_argument("--create", action="store_true",
-                   help="create the stream first if it does not exist")
+                   help="create the stream first if it does not exist (and its namespace, "
+                   "with the default settings, if that does not exist either)")
     p.add_argument("--txid", type=_non_negative, default=None, metavar="TXID",
                    help="txid of the first record, the next ones counting up from it "
                    "(default: the stream's last txid + 1)")
