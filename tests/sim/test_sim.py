@@ -91,3 +91,21 @@ def test_a_seed_replays_in_another_process() -> None:
                               text=True, timeout=300, check=True)
         outputs.append([line for line in done.stdout.splitlines() if line[:1].isdigit()])
     assert outputs[0] == outputs[1] and len(outputs[0]) == 3
+
+
+def test_the_command_is_quiet_unless_verbose() -> None:
+    """`python -m asyncbk.testing.simulation` prints a line a seed and the total; the
+    warnings of the injected faults (fenced writers...) only with -v."""
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "asyncbk.testing.simulation",
+                               "--seeds", "2", *args], capture_output=True, text=True,
+                              timeout=300, check=True)
+
+    quiet = run()
+    assert quiet.stderr == ""
+    lines = quiet.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:2]] == ["seed 0", "seed 1"]
+    assert lines[2:] == ["2 passed, 0 failed"]
+    loud = run("-v")
+    assert "warning" in loud.stderr  # seeds 0 and 1 fence a writer (see the quiet run)
+    assert len(loud.stdout.splitlines()) > 20  # the traces

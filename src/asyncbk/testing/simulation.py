@@ -55,6 +55,7 @@ from ..client.ledger import LedgerHandle, ReadHandle
 from ..client.quorum import write_set
 from ..config import BookieConfig, ClientConfig
 from ..errors import BKError
+from ..log import configure as configure_logging
 from ..meta.model import LedgerState
 from ..proto import AddRequest, AddResponse, Status
 from .sim import SIM_BOOKIE_CONFIG, SimBookie, SimCluster, SimEventLoop
@@ -597,8 +598,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=None, help="replay one seed")
     p.add_argument("--seeds", type=int, default=100, help="how many seeds (from --first)")
     p.add_argument("--first", type=int, default=0)
-    p.add_argument("-v", "--verbose", action="store_true", help="print the event trace")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print each seed's event trace, and the warnings the simulated "
+                   "clients and bookies log (fenced writers, failed ensemble changes: "
+                   "expected under the injected faults; quiet by default)")
     args = p.parse_args(argv)
+    configure_logging("warning" if args.verbose else "error")
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     failed = 0
     for seed in seeds:
