@@ -110,6 +110,7 @@ async def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
 async def test_second_standalone_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
     data = tmp_path / "data"
     async with standalone(data, "--bookies", "1", "--etcd-port", str(free_port())) as first:
+        assert first.lines[0] == f"starting etcd and 1 bookie in {data} ..."
         r = await asyncio.to_thread(_cli, "standalone", "--data-dir", str(data),
                                     "--bookies", "1")
         assert r.returncode == 1

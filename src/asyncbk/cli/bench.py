@@ -52,6 +52,7 @@ from .bench_record import (
     self_cpu_s,
 )
 from .common import CliError
+from .standalone import bookies_text
 
 WORKER_START_DELAY_S = 3.0
 """How far ahead of now the parent sets the common start of its client processes."""
@@ -343,7 +344,8 @@ async def bench_cluster(args: argparse.Namespace) -> AsyncIterator[tuple[str, Pr
     cluster = None
     metadata_uri = args.metadata_uri
     if metadata_uri is None:
-        print(f"starting a local cluster (etcd + {args.bookies} bookies) ...", file=sys.stderr)
+        print(f"starting a local cluster (etcd + {bookies_text(args.bookies)}) ...",
+              file=sys.stderr)
         backend = getattr(args, "index_backend", None)
         cluster = LocalCluster(bookies=args.bookies,
                                bookie_config={"index_backend": backend} if backend else None)

@@ -62,8 +62,9 @@ def run(args: argparse.Namespace) -> int:
                                etcd_port=args.etcd_port,
                                etcd_port_preferred=ETCD_PORT_STANDALONE,
                                owner="asyncbk standalone", object_store=args.object_store)
-        what = (f"etcd, {args.bookies} bookies and an object store" if args.object_store
-                else f"etcd and {args.bookies} bookies")
+        bookies = bookies_text(args.bookies)
+        what = (f"etcd, {bookies} and an object store" if args.object_store
+                else f"etcd and {bookies}")
         print(f"starting {what} in {data_dir} ...", flush=True)
         async with cluster as c:
             for note in c.notes:
@@ -86,3 +87,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     return run_async(go)
+
+
+def bookies_text(n: int) -> str:
+    """``n`` bookies, in words: "1 bookie", "3 bookies"."""
+    return f"{n} bookie" if n == 1 else f"{n} bookies"
