@@ -10,6 +10,12 @@ adds to its ledgers are refused and new ledgers go elsewhere
 (:mod:`.storage.directories`).  The report says whether every directory is full
 and whether every journal failed: the server turns those into read-only reasons
 of its :class:`~.state.StateMachine`.
+
+Each check also leaves its figures where the metrics collector reads them at
+scrape time (:func:`last_check`, keyed by the bookie's configured ``ledger_dir``,
+which one bookie at a time holds on a host): every directory's free and total
+bytes, the journal disks' included (only this watch asks those), whether it is
+full, and the two marks.  Scraping then asks no disk anything.
 """
 
 from __future__ import annotations
@@ -24,6 +30,29 @@ from .state import disk_read_only
 from .storage.api import Storage
 
 
+class DirectoryUsage(NamedTuple):
+    """One ledger directory at the last check, with its journal's disk."""
+
+    ledger_dir: str
+    journal_dir: str
+    free_bytes: int
+    total_bytes: int
+    journal_free_bytes: int | None
+    """None: the journal's disk could not be asked."""
+    journal_total_bytes: int | None
+    full: bool
+
+
+class DiskCheck(NamedTuple):
+    """The last check of one bookie's disks (for the metrics: :func:`last_check`)."""
+
+    threshold: float
+    """``disk_usage_threshold``: a directory turns full at this used fraction."""
+    lwm_threshold: float
+    """``disk_usage_lwm_threshold``: a full directory turns writable below it."""
+    directories: tuple[DirectoryUsage, ...]
+
+
 class DiskReport(NamedTuple):
     all_full: bool
     """Every ledger directory is full."""
@@ -31,6 +60,24 @@ class DiskReport(NamedTuple):
     """Every journal failed."""
     used_max: float
     """The fullest disk's used fraction."""
+
+
+_CHECKS_MAX = 64
+"""Bound of the last checks kept (bookies in one process: tests, the simulator)."""
+_last_checks: dict[str, DiskCheck] = {}
+
+
+def last_check(ledger_dir: str) -> DiskCheck | None:
+    """The last check of the bookie configured with ``ledger_dir`` (its ``ledger_dir``
+    setting, as written); None before its first check."""
+    return _last_checks.get(ledger_dir)
+
+
+def _keep(ledger_dir: str, check: DiskCheck) -> None:
+    _last_checks.pop(ledger_dir, None)
+    _last_checks[ledger_dir] = check
+    while len(_last_checks) > _CHECKS_MAX:
+        del _last_checks[next(iter(_last_checks))]
 
 
 class DiskWatch:
@@ -47,15 +94,18 @@ class DiskWatch:
     async def check(self) -> DiskReport:
         cfg = self._config
         used_max = 0.0
+        figures: list[DirectoryUsage] = []
         for part in self._storage.per_directory:
             free, total = part.disk_usage()  # cached by storage, refreshed off-loop
             used = 1 - free / total if total else 0.0
+            journal: tuple[int, int] | None
             try:
-                j_free, j_total = await self._offload.run(self._probe, part.journal_dir)
+                journal = await self._offload.run(self._probe, part.journal_dir)
             except OSError as exc:  # the journal's disk cannot be asked: keep its state
                 self._log.warning("journal disk usage unknown", error=repr(exc),
                                   journal_dir=str(part.journal_dir))
-                j_free, j_total = 1, 1
+                journal = None
+            j_free, j_total = journal if journal is not None else (1, 1)
             used = max(used, 1 - j_free / j_total if j_total else 0.0)
             used_max = max(used_max, used)
             full = disk_read_only(part.full, used, cfg.disk_usage_threshold,
@@ -67,8 +117,14 @@ class DiskWatch:
                                   ledger_dir=str(part.ledger_dir),
                                   journal_dir=str(part.journal_dir),
                                   disk_used=round(used, 4))
+            figures.append(DirectoryUsage(
+                str(part.ledger_dir), str(part.journal_dir), free, total,
+                None if journal is None else journal[0],
+                None if journal is None else journal[1], part.full))
+        _keep(cfg.ledger_dir, DiskCheck(cfg.disk_usage_threshold,
+                                        cfg.disk_usage_lwm_threshold, tuple(figures)))
         return DiskReport(all(part.full for part in self._storage.per_directory),
                           self._storage.journal_failed, used_max)
 
 
-__all__ = ["DiskReport", "DiskWatch"]
+__all__ = ["DirectoryUsage", "DiskCheck", "DiskReport", "DiskWatch", "last_check"]

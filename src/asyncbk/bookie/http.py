@@ -37,7 +37,8 @@ from ..errors import BKError
 from ..net.http import AdminHttp
 from ..stats import MetricFamilies
 from .admin import BookieAdmin
-from .state import SERVING_STATES, BookieState
+from .diskwatch import last_check
+from .state import SERVING_STATES, BookieState, ReadOnlyReason
 
 PREFIX = "asyncbk_bookie"
 
@@ -57,7 +58,8 @@ class BookieCollector:
         families = MetricFamilies(PREFIX, "bookie", b.bookie_id)
         gauge, counter, histogram = families.gauge, families.counter, families.histogram
 
-        state = b.state_view().state
+        view = b.state_view()
+        state = view.state
         g = GaugeMetricFamily(f"{PREFIX}_state", "1 for the bookie's current state",
                               labels=["bookie", "state"])
         for each in BookieState:
@@ -65,6 +67,14 @@ class BookieCollector:
         yield g
         yield gauge("read_only", "1 while the bookie refuses adds (read-only)",
                     1.0 if state is BookieState.READ_ONLY else 0.0)
+        reasons = GaugeMetricFamily(
+            f"{PREFIX}_read_only_reason", "1 for each read-only reason in force (config, "
+            "disk_full, journal_failed, maintenance); several may hold at once",
+            labels=["bookie", "reason"])
+        for reason in ReadOnlyReason:
+            reasons.add_metric([b.bookie_id, reason.value],
+                               1.0 if reason.value in view.reasons else 0.0)
+        yield reasons
         listener = b.listener_figures()
         if listener is not None:
             yield gauge("connections", "open client connections", listener.connections)
@@ -117,12 +127,60 @@ class BookieCollector:
             yield fr
             yield gauge("journal_failed", "1 once the journal failed (bookie read-only)",
                         1.0 if j["failed"] else 0.0)
+            yield from _directory_families(b, st)
         journals = b.journal_figures()
         if journals is not None:
             yield histogram("journal_fsync_seconds", "journal fdatasync time",
                             journals.fsync_latency)
             yield histogram("journal_batch_records", "records per group commit",
                             journals.batch_records)
+
+
+def _directory_families(b: BookieAdmin, st: dict[str, Any]) -> Iterator[Metric]:
+    """Per directory: free and total bytes of each ledger directory's file system (the
+    storage's figures, refreshed every second) and of each journal directory's (the
+    disk watch's, every ``disk_check_interval_s``), whether each ledger directory is
+    full, and the disk watch's two marks.  Nothing here asks a disk."""
+    _, ledger_setting = b.directories()
+    check = last_check(ledger_setting)
+    if "directories" in st:  # several ledger directories
+        ledgers = [(d["ledger_dir"], d["disk_free_bytes"], d["disk_total_bytes"], d["full"])
+                   for d in st["directories"]]
+    else:
+        name, full = ledger_setting, False
+        if check is not None and len(check.directories) == 1:
+            name, full = check.directories[0].ledger_dir, check.directories[0].full
+        ledgers = [(name, st["disk_free_bytes"], st["disk_total_bytes"], full)]
+    labels = ["bookie", "dir", "kind"]
+    free = GaugeMetricFamily(f"{PREFIX}_directory_free_bytes", "free bytes of the file "
+                             "system of a ledger or journal directory", labels=labels)
+    total = GaugeMetricFamily(f"{PREFIX}_directory_total_bytes", "size of the file "
+                              "system of a ledger or journal directory", labels=labels)
+    full_family = GaugeMetricFamily(
+        f"{PREFIX}_directory_full", "1 while a ledger directory takes no plain adds (its "
+        "disk or its journal's went past the high mark, not yet below the low mark)",
+        labels=["bookie", "dir"])
+    for name, f, t, is_full in ledgers:
+        free.add_metric([b.bookie_id, name, "ledger"], f)
+        total.add_metric([b.bookie_id, name, "ledger"], t)
+        full_family.add_metric([b.bookie_id, name], 1.0 if is_full else 0.0)
+    journals: dict[str, tuple[int, int]] = {}
+    for d in check.directories if check is not None else ():
+        if d.journal_free_bytes is not None and d.journal_total_bytes is not None:
+            journals.setdefault(d.journal_dir, (d.journal_free_bytes, d.journal_total_bytes))
+    for name, (f, t) in journals.items():
+        free.add_metric([b.bookie_id, name, "journal"], f)
+        total.add_metric([b.bookie_id, name, "journal"], t)
+    yield free
+    yield total
+    yield full_family
+    if check is not None:
+        families = MetricFamilies(PREFIX, "bookie", b.bookie_id)
+        yield families.gauge("disk_usage_threshold", "used fraction at which a directory "
+                             "turns full (disk_usage_threshold)", check.threshold)
+        yield families.gauge("disk_usage_lwm_threshold", "used fraction below which a full "
+                             "directory is writable again (disk_usage_lwm_threshold)",
+                             check.lwm_threshold)
 
 
 class AdminHttpServer:

@@ -27,6 +27,8 @@ class ClientCollector:
         return []
 
     def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
         st = self.bk.stats
         f = MetricFamilies(PREFIX, "client", self.name)
         yield f.histogram("add_latency_seconds", "append: call to acknowledgement",
@@ -38,6 +40,16 @@ class ClientCollector:
         yield f.counter("placement_fallbacks", "ensembles and replacements that could not "
                         "meet the placement policy's racks/regions per write set (best "
                         "available used instead)", self.bk.placement.fallbacks)
+        quarantined = sorted(self.bk.quarantine.active())
+        yield f.gauge("quarantined_bookies", "bookies this client keeps out of new ensembles "
+                      "and replacements for now (an add failed on them recently)",
+                      len(quarantined))
+        each = GaugeMetricFamily(f"{PREFIX}_bookie_quarantined",
+                                 "1 for each bookie this client has quarantined now",
+                                 labels=["client", "bookie"])
+        for bookie in quarantined:
+            each.add_metric([self.name, str(bookie)], 1.0)
+        yield each
 
 
 __all__ = ["ClientCollector"]
