@@ -1,4 +1,6 @@
-"""``asyncbk shell``: admin commands against a running cluster."""
+"""``asyncbk shell``: admin commands against a running cluster (here and in
+:mod:`.shell_admin`), and offline commands that read a stopped bookie's directories
+(:mod:`.shell_local`, and ``lastmark`` here)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 
 from ..errors import BKError
 from ..topology import location_of
+from . import shell_admin, shell_local
 from .common import (
     CliError,
     LedgerLocks,
@@ -31,6 +34,7 @@ from .common import (
     run_async,
 )
 from .security import add_client_security_options
+from .shell_admin import ask_bookie_info
 
 
 def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
@@ -136,6 +140,7 @@ def add_commands(sub: Subparsers) -> None:
                    help="with --fix: entries copied per second (default 0: no limit)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON document instead of text (default: text)")
+    shell_admin.add_commands(command)
     p = command("bookiesanity", "write entries to one bookie and read them back")
     p.add_argument("bookie_id", metavar="BOOKIE", help="host:port")
     p.add_argument("--entries", type=int, default=10)
@@ -150,6 +155,7 @@ def add_commands(sub: Subparsers) -> None:
                    help="its journal directory (with several ledger directories: the i-th "
                    "journal directory, or ledgers-<i> inside one; see docs/storage.md)")
     add_log_options(p)
+    shell_local.add_commands(sub)
 
 
 def _wipe(path: Path) -> bool:
@@ -272,23 +278,9 @@ async def _recover(bk: Any, bookie: str, rate: float, dry_run: bool, skip_open: 
     return problems
 
 
-async def _ask_bookie_info(bk: Any, bookie: str) -> Any:
-    """The bookie's BOOKIE_INFO answer, or a text saying why there is none."""
-    from ..proto import BookieInfoRequest, BookieInfoResponse
-
-    ch = bk.bookie_client.channel(bookie)
-    try:
-        resp = await ch.request(BookieInfoRequest(ch.next_request_id()), 5.0)
-    except BKError as exc:
-        return f"(no answer: {exc})"
-    if not isinstance(resp, BookieInfoResponse):
-        return f"(unexpected answer: {type(resp).__name__})"
-    return resp
-
-
 async def _bookie_info(bk: Any, bookie: str) -> str:
     """Free disk and version of a bookie, asked over the protocol (BOOKIE_INFO)."""
-    resp = await _ask_bookie_info(bk, bookie)
+    resp = await ask_bookie_info(bk, bookie)
     if isinstance(resp, str):
         return resp
     free_gib = resp.free_bytes / 2**30
@@ -304,7 +296,7 @@ async def _listbookies(bk: Any, as_json: bool) -> None:
     locations = await bk.bookies.current_locations(bk.config.metadata_timeout_s)
     bookies = sorted(view)
     if as_json:
-        answers = await asyncio.gather(*(_ask_bookie_info(bk, b) for b in bookies))
+        answers = await asyncio.gather(*(ask_bookie_info(bk, b) for b in bookies))
         out = []
         for bid, resp in zip(bookies, answers, strict=True):
             row: dict[str, Any] = {"id": bid,
@@ -382,6 +374,9 @@ def run(args: argparse.Namespace) -> int:
     """``asyncbk shell COMMAND``: check the options, connect, run the command."""
     if args.shell_command is None:
         raise CliError("choose a command: asyncbk shell --help")
+    if args.shell_command in shell_local.OFFLINE_COMMANDS:
+        configure_logging(args, "warning")
+        return shell_local.run(args)
     if args.shell_command != "lastmark":
         client_placement_options(args, read_file=True)  # bad options: before connecting
     if args.shell_command == "placementcheck" and args.dry_run and not args.fix:
@@ -395,6 +390,8 @@ def run(args: argparse.Namespace) -> int:
             cmd = args.shell_command
             if cmd != "bookieformat":  # that one must work with every bookie down
                 await require_cluster(bk, args.metadata_uri)
+            if cmd in shell_admin.ADMIN_COMMANDS:
+                return await shell_admin.run(bk, args)
             if cmd == "listbookies":
                 await _listbookies(bk, args.json)
             elif cmd == "placementcheck":
