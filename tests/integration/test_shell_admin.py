@@ -284,3 +284,7 @@ async def test_consistency_check_reads_the_lmdb_index(tmp_path: Path) -> None:
     log.write_bytes(bytes(data))
     r = await shell("localconsistencycheck", *dirs)
     assert r.returncode == 1 and "fails its checksum" in r.stdout, r.stdout + r.stderr
+    shutil.rmtree(copy / "ledgers" / "index.lmdb")
+    r = await shell("localconsistencycheck", *dirs)
+    assert r.returncode == 1 and "index.lmdb, which is missing" in r.stdout, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr

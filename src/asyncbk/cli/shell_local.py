@@ -494,8 +494,16 @@ def _lmdb_entries(ledger_dir: Path, known: set[int] | None,
                            "installed (pip install 'asyncbk[lmdb]'): entries not checked")
         return
     key, loc = struct.Struct(">cQQ"), struct.Struct("<III")
-    env = lmdb.open(str(ledger_dir / LMDB_DIR), readonly=True, lock=False, subdir=True,
-                    max_dbs=0)
+    path = ledger_dir / LMDB_DIR
+    if not path.is_dir():
+        check.problems.append(f"{ledger_dir}: the checkpoint says the index is in {LMDB_DIR}, "
+                              "which is missing")
+        return
+    try:
+        env = lmdb.open(str(path), readonly=True, lock=False, subdir=True, max_dbs=0)
+    except lmdb.Error as exc:
+        check.problems.append(f"{path}: cannot be opened: {exc}")
+        return
     try:
         with env.begin() as txn:
             cursor = txn.cursor()
@@ -504,9 +512,14 @@ def _lmdb_entries(ledger_dir: Path, known: set[int] | None,
             for k, v in cursor:
                 if not k.startswith(b"E"):
                     break
+                if len(k) != key.size or len(v) != loc.size:
+                    check.problems.append(f"{path}: a malformed index record ({k.hex()})")
+                    continue
                 _, ledger_id, entry_id = key.unpack(k)
                 if known is None or ledger_id in known:
                     yield ledger_id, entry_id, loc.unpack(v)
+    except lmdb.Error as exc:
+        check.problems.append(f"{path}: cannot be read: {exc}")
     finally:
         env.close()
 
