@@ -9,12 +9,16 @@ from typing import Any
 
 from .common import (
     CliError,
+    FileCheck,
     Subparsers,
+    add_check_config_option,
     add_client_placement_options,
     add_log_options,
+    check_client_security,
     client_placement_options,
     configure_logging,
     connect_client,
+    dry_run,
     non_negative_float,
     on_stop_signals,
     port,
@@ -76,12 +80,14 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     add_client_placement_options(p)
     add_autorecovery_options(p)
     add_log_options(p)
+    add_check_config_option(p)
     return p
 
 
-def run(args: argparse.Namespace) -> int:
-    """Check the options, then run auto-recovery (and its HTTP endpoint) until Ctrl-C /
-    SIGTERM."""
+def checked_config(args: argparse.Namespace, read_files: bool = True) -> Any:
+    """The checks of a start before anything is contacted (CliError, ConfigError): the
+    URI, the HTTPS pair, the auto-recovery settings, the placement (with
+    ``read_files``, its rack file read); the AutoRecoveryConfig."""
     from ..meta.uri import parse_metadata_uri
 
     parse_metadata_uri(args.metadata_uri)
@@ -90,7 +96,35 @@ def run(args: argparse.Namespace) -> int:
     if args.http_tls_cert and args.http_port is None:
         raise CliError("--http-tls-cert is for the HTTP endpoint: give --http-port too")
     ar_config = autorecovery_config(args)
-    client_placement_options(args, read_file=True)
+    client_placement_options(args, read_file=read_files)
+    return ar_config
+
+
+def check_config(args: argparse.Namespace) -> str:
+    """``--check-config``: what a start checks, and the files it reads (mode
+    ``files``), without connecting; the OK line's summary (no secret in it)."""
+    from ..net.security import server_context
+
+    files = FileCheck(args.check_config)
+    reads_rack_file = files.path("--bookie-racks-file", args.bookie_racks_file)
+    checked_config(args, read_files=reads_rack_file)
+    security = check_client_security(args, files)
+    https = [files.path("--http-tls-cert", args.http_tls_cert),
+             files.path("--http-tls-key", args.http_tls_key)]
+    if all(https) and args.http_tls_cert:
+        server_context(args.http_tls_cert, args.http_tls_key)
+    http = ("no HTTP endpoint" if args.http_port is None else
+            f"HTTP{'S' if args.http_tls_cert else ''} on {args.http_host}:{args.http_port}")
+    return (f"metadata {args.metadata_uri}, {security}, {http}, placement "
+            f"{args.placement_policy or 'random'}; {files.summary()}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the options, then run auto-recovery (and its HTTP endpoint) until Ctrl-C /
+    SIGTERM (with ``--check-config``: only check, see :func:`check_config`)."""
+    if args.check_config is not None:
+        return dry_run("asyncbk autorecovery", lambda: check_config(args))
+    ar_config = checked_config(args)
     configure_logging(args)
 
     async def go() -> int:

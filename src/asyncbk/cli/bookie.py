@@ -7,18 +7,23 @@ import argparse
 import asyncio
 from typing import Any
 
+from ..errors import ConfigError
 from .autorecovery import add_autorecovery_options, autorecovery_config
 from .common import (
     CliError,
+    FileCheck,
     Subparsers,
+    add_check_config_option,
     add_client_placement_options,
     add_log_options,
+    check_etcd_rules,
     client_placement_options,
     configure_logging,
+    dry_run,
     port,
     run_async,
 )
-from .offload import add_offload_options, object_store_of, offloader_options
+from .offload import add_offload_options, check_object_store, object_store_of, offloader_options
 from .security import add_etcd_security_options
 
 
@@ -73,6 +78,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
                              "the placement settings of the in-process auto-recovery's client")
     add_client_placement_options(g)
     add_log_options(p)
+    add_check_config_option(p)
     return p
 
 
@@ -120,18 +126,98 @@ def bookie_config(args: argparse.Namespace) -> Any:
     return from_mapping(BookieConfig, values, args.config or "options")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Check the settings, then serve until SIGTERM / Ctrl-C (with ``--autorecovery``,
-    auto-recovery beside it, sharing its HTTP endpoint)."""
-    from ..bookie.server import run_bookie
-
-    config = bookie_config(args)
-    placement = client_placement_options(args, read_file=True)
+def companion_placement(args: argparse.Namespace, read_file: bool = True) -> dict[str, Any]:
+    """The in-process auto-recovery's placement settings, checked (with ``read_file``,
+    its rack file read): CliError when they are given without ``--autorecovery``."""
+    placement = client_placement_options(args, read_file=read_file)
     if placement and not args.autorecovery:
         raise CliError("the placement options are for the in-process auto-recovery's client: "
                        "give --autorecovery too (the bookie's own location is --rack)")
     if args.fix_placement and not args.autorecovery:
         raise CliError("--fix-placement is an auto-recovery option: give --autorecovery too")
+    return placement
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
+"""Hosts that listen everywhere but that no client can connect to."""
+
+
+def check_config(args: argparse.Namespace) -> str:
+    """``--check-config``: the settings checked as a start checks them before it
+    touches its directories or the network (the settings, the metadata URI), plus a
+    bookie id that clients can reach (a start takes ``0.0.0.0:PORT`` as it is); with
+    mode ``files``, the files a start reads
+    (TLS material, tokens, etcd's password, the object store's credentials, the rack
+    file) read and the directories checked.  The OK line's summary (no secret)."""
+    from ..meta.uri import parse_metadata_uri
+    from ..net.etcd_security import bookie_etcd_security
+    from ..net.security import load_tokens, server_context
+
+    files = FileCheck(args.check_config)
+    config = bookie_config(args)
+    companion_placement(args, read_file=files.path("--bookie-racks-file",
+                                                   args.bookie_racks_file))
+    ar = autorecovery_config(args) if args.autorecovery else None
+    parse_metadata_uri(config.metadata_uri)
+    host = config.advertised_host or config.host
+    if host in WILDCARD_HOSTS:
+        raise ConfigError(f"the bookie id would be {host or '(empty)'}:{config.port}, an "
+                          "address no client can connect to: give --advertised-host (or "
+                          "advertised_host), the name or address clients reach this bookie at")
+    for d in config.journal_dirs:
+        files.directory("journal_dir", d)
+    for d in config.ledger_dirs:
+        files.directory("ledger_dir", d)
+    tls = [files.path("tls_cert_file", config.tls_cert_file),
+           files.path("tls_key_file", config.tls_key_file),
+           files.path("tls_ca_file", config.tls_ca_file)]
+    if any(tls) and config.tls_cert_file:  # what the bookie's _security does
+        server_context(config.tls_cert_file, config.tls_key_file, config.tls_ca_file,
+                       config.tls_require_client_cert)
+        server_context(config.tls_cert_file, config.tls_key_file)
+    if files.path("auth_tokens_file", config.auth_tokens_file):
+        load_tokens(config.auth_tokens_file)
+    etcd_files = [files.path("etcd_tls_ca_file", config.etcd_tls_ca_file),
+                  files.path("etcd_tls_cert_file", config.etcd_tls_cert_file),
+                  files.path("etcd_tls_key_file", config.etcd_tls_key_file),
+                  files.path("etcd_password_file", config.etcd_password_file)]
+    own = bool(config.etcd_tls_ca_file or config.etcd_tls_cert_file
+               or config.etcd_tls_key_file)
+    if files.read:
+        if ar is not None or args.object_store:
+            _bookie_client_security(config)  # what the in-process clients read
+        else:
+            bookie_etcd_security(config)
+    elif not any(etcd_files):
+        check_etcd_rules(config.metadata_uri, own,
+                         (config.etcd_tls_cert_file, config.etcd_tls_key_file) if own
+                         else (config.tls_cert_file, config.tls_key_file),
+                         config.etcd_user, config.etcd_password_file)
+    store = check_object_store(args, files) if args.object_store else "no offloader"
+    tls_text = ("off" if not config.tls_cert_file else
+                "mutual" if config.tls_require_client_cert else "on")
+    etcd = "etcd TLS" if config.metadata_uri.lower().startswith("etcds://") else "etcd plain"
+    if config.etcd_user:
+        etcd += ", etcd user"
+    return (f"bookie id {config.advertised_host or config.host}:{config.port}, rack "
+            f"{config.rack or '/default-region/default-rack'}, metadata {config.metadata_uri}, "
+            f"journal {len(config.journal_dirs)} dir(s), ledgers {len(config.ledger_dirs)} "
+            f"dir(s), TLS {tls_text}, tokens {'on' if config.auth_tokens_file else 'off'}, "
+            f"{etcd}, autorecovery {'on' if ar is not None else 'off'}, {store}, HTTP "
+            f"{f'{config.http_host}:{config.http_port}' if config.http_enabled else 'off'}; "
+            f"{files.summary()}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the settings, then serve until SIGTERM / Ctrl-C (with ``--autorecovery``,
+    auto-recovery beside it, sharing its HTTP endpoint; with ``--check-config``, only
+    check, see :func:`check_config`)."""
+    from ..bookie.server import run_bookie
+
+    if args.check_config is not None:
+        return dry_run("asyncbk bookie", lambda: check_config(args))
+    config = bookie_config(args)
+    placement = companion_placement(args)
     configure_logging(args)
     store = object_store_of(args) if args.object_store else None
     if store is None and not args.autorecovery:

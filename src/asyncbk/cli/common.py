@@ -10,6 +10,9 @@
   :func:`client_placement_options`, :func:`client_options`), :func:`connect_client`
   (with the TLS and token options of :mod:`.security`) and :func:`require_cluster`;
 * running: :func:`run_async` (the event loop of a command), :func:`on_stop_signals`;
+* ``--check-config``, the dry run of the server commands (``bookie``,
+  ``autorecovery``, ``offload``): :func:`add_check_config_option`,
+  :class:`FileCheck`, :func:`dry_run`;
 * the terminal: :func:`read_line`, :func:`confirm`, :func:`progress`;
 * :class:`LedgerLocks`: the ledger locks of the commands that change ledgers
   (``shell recover``, ``decommission``, ``placementcheck --fix``).
@@ -38,6 +41,8 @@ EXIT_ERROR = 1
 """The command failed: one line on stderr says why."""
 EXIT_INTERRUPTED = 130
 """Stopped by Ctrl-C (128 + SIGINT)."""
+EXIT_CONFIG_REFUSED = EXIT_USAGE
+"""``--check-config``: the settings were refused (bad input, as a usage error is)."""
 
 
 class CliError(Exception):
@@ -286,6 +291,154 @@ def on_stop_signals(callback: Callable[[], object]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, callback)
+
+
+# ------------------------------------------------------------------ --check-config
+
+CHECK_MODES = ("files", "paths")
+"""``--check-config`` MODE: ``files`` reads every file the settings name as a start
+would; ``paths`` checks those settings as paths only (for a machine where the files,
+mounted in production from Secrets, are absent)."""
+
+
+def add_check_config_option(p: argparse._ActionsContainer) -> None:
+    """``--check-config [MODE]`` (see :func:`dry_run`)."""
+    p.add_argument("--check-config", nargs="?", const="files", choices=CHECK_MODES,
+                   default=None, metavar="MODE",
+                   help="check the settings (options, --config, the environment) as a start "
+                   "would, without any network, print one line and exit: 0 when they "
+                   "would start, 2 when not. MODE files (the default) also reads every "
+                   "file they name (TLS material, tokens, passwords, credentials, rack "
+                   "file) and checks the directories; paths checks those as paths only, "
+                   "reading none (a --config file is read in both modes)")
+
+
+class FileCheck:
+    """How a dry run treats a file the settings name: read it (mode ``files``), or
+    only check the path (mode ``paths``: not empty, no NUL or line break; counted in
+    :attr:`unread`)."""
+
+    def __init__(self, mode: str) -> None:
+        if mode not in CHECK_MODES:
+            raise ValueError(f"check mode must be one of {', '.join(CHECK_MODES)}")
+        self.read = mode == "files"
+        """Read the files (else: paths only)."""
+        self.unread: list[str] = []
+        """The settings whose files were not read (mode ``paths``)."""
+
+    def path(self, what: str, path: str | None) -> bool:
+        """Check ``path`` (None or empty: not set, nothing to check); True when the
+        caller is to read the file (mode ``files``)."""
+        if not path:
+            return False
+        if "\0" in path or "\n" in path or "\r" in path or path != path.strip():
+            raise ConfigError(f"{what}: the path {path!r} has a NUL, a line break or "
+                              "surrounding blanks")
+        if not self.read:
+            self.unread.append(what)
+        return self.read
+
+    def directory(self, what: str, path: str) -> None:
+        """A directory a start creates if it is missing: with mode ``files``, an
+        existing one must be a writable directory, a missing one must be creatable
+        (its nearest existing parent a writable directory)."""
+        if not self.path(what, path):
+            return
+        import os
+
+        p = Path(path).absolute()
+        if p.exists():
+            if not p.is_dir():
+                raise ConfigError(f"{what} {path!r} exists and is not a directory")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise ConfigError(f"{what} {path!r} is not writable by this user")
+            return
+        parent = next(a for a in p.parents if a.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"{what} {path!r} does not exist and cannot be created: "
+                              f"{str(parent)!r} is not a writable directory")
+
+    def summary(self) -> str:
+        """How the files were checked, for the OK line."""
+        if self.read:
+            return "named files read, directories checked"
+        return ("files checked as paths only, not read: " + ", ".join(self.unread)
+                if self.unread else "no file named")
+
+
+def dry_run(prog: str, check: Callable[[], str]) -> int:
+    """Run ``check`` (the settings checked as a start would check them, no network;
+    it returns a summary that holds no secret): ``prog: configuration OK: SUMMARY``
+    on stdout and 0, or ``prog: error: configuration refused (TYPE): WHY`` on stderr
+    and :data:`EXIT_CONFIG_REFUSED`.  The errors of :data:`ONE_LINE_ERRORS` never
+    hold a token, password or key."""
+    try:
+        summary = check()
+    except ONE_LINE_ERRORS as exc:
+        print(f"{prog}: error: configuration refused ({type(exc).__name__}): {exc}",
+              file=sys.stderr)
+        return EXIT_CONFIG_REFUSED
+    print(f"{prog}: configuration OK: {summary}", flush=True)
+    return 0
+
+
+def check_client_security(args: argparse.Namespace, files: FileCheck) -> str:
+    """A command's client TLS, token and etcd settings (:mod:`.security`), checked as
+    :func:`~.security.client_security` checks them, reading the files only with
+    ``files.read``; a summary without secrets."""
+    from ..net.etcd_security import PASSWORD_ENV, is_tls_uri
+    from ..net.security import TOKEN_ENV
+
+    def opt(name: str) -> str:
+        return getattr(args, name, None) or ""
+
+    uri = opt("metadata_uri")
+    ca, cert, key = opt("tls_ca"), opt("tls_cert"), opt("tls_key")
+    reading = [files.path("--tls-ca", ca), files.path("--tls-cert", cert),
+               files.path("--tls-key", key), files.path("--auth-token-file",
+                                                         opt("auth_token_file"))]
+    e_ca, e_cert, e_key = opt("etcd_ca"), opt("etcd_cert"), opt("etcd_key")
+    reading += [files.path("--etcd-ca", e_ca), files.path("--etcd-cert", e_cert),
+                files.path("--etcd-key", e_key),
+                files.path("--etcd-password-file", opt("etcd_password_file"))]
+    if any(reading):
+        client_security(args)  # reads and checks every file, as a start does
+    else:
+        check_etcd_rules(uri, bool(e_ca or e_cert or e_key),
+                         (e_cert, e_key) if (e_ca or e_cert or e_key) else (cert, key),
+                         opt("etcd_user"), opt("etcd_password_file"))
+        if (ca or cert) and bool(cert) != bool(key):  # as client_context refuses it
+            raise ConfigError("a client certificate needs both its file and its key file")
+    import os
+
+    token = ("token file" if opt("auth_token_file")
+             else f"token from {TOKEN_ENV}" if os.environ.get(TOKEN_ENV, "").strip()
+             else "no token")
+    etcd = "etcd TLS" if is_tls_uri(uri) else "etcd plain"
+    if opt("etcd_user"):
+        etcd += (", etcd user with a password file" if opt("etcd_password_file")
+                 else f", etcd user with {PASSWORD_ENV}")
+    return f"TLS to bookies {'on' if ca or cert else 'off'}, {token}, {etcd}"
+
+
+def check_etcd_rules(uri: str, own_tls: bool, cert_key: tuple[str, str], user: str,
+                     password_file: str) -> None:
+    """What :func:`~asyncbk.net.etcd_security.etcd_security` refuses before and
+    beside reading its files, for a dry run that reads none (ConfigError)."""
+    import os
+
+    from ..net.etcd_security import PASSWORD_ENV, is_tls_uri
+
+    if own_tls and not is_tls_uri(uri):
+        raise ConfigError(f"--etcd-ca/--etcd-cert/--etcd-key were given, but the metadata URI "
+                          f"{uri!r} is plain etcd://; write it etcds://... to use TLS")
+    if is_tls_uri(uri) and bool(cert_key[0]) != bool(cert_key[1]):
+        raise ConfigError("a client certificate needs both its file and its key file")
+    if password_file and not user:
+        raise ConfigError("--etcd-password-file needs --etcd-user (whose password it is)")
+    if user and not password_file and not os.environ.get(PASSWORD_ENV, "").strip():
+        raise ConfigError(f"etcd user {user!r} needs a password: --etcd-password-file FILE "
+                          f"or the environment variable {PASSWORD_ENV}")
 
 
 # ------------------------------------------------------------------ the terminal

@@ -13,10 +13,14 @@ from typing import Any
 
 from .common import (
     CliError,
+    FileCheck,
     Subparsers,
+    add_check_config_option,
     add_log_options,
+    check_client_security,
     configure_logging,
     connect_client,
+    dry_run,
     non_negative_float,
     on_stop_signals,
     positive_float,
@@ -77,6 +81,23 @@ def object_store_of(args: argparse.Namespace) -> Any:
     return S3ObjectStore(uri, creds)
 
 
+def check_object_store(args: argparse.Namespace, files: FileCheck) -> str:
+    """``--check-config`` of the offload options: the store's URI and credentials as
+    :func:`object_store_of` checks them (mode ``files``: the credentials file read;
+    ``paths``: its path only), nothing contacted; a summary (no secret in it)."""
+    from ..tiered.location import Credentials, ObjectStoreUri
+
+    offloader_options(args)
+    if files.path("--credentials-file", args.credentials_file) or not args.credentials_file:
+        store = object_store_of(args)
+        where = store.uri
+    else:
+        where = ObjectStoreUri.parse(args.object_store)
+    creds = ("credentials file" if args.credentials_file
+             else "credentials from AWS_*" if Credentials.from_env() is not None else "")
+    return f"object store {where} ({creds})"
+
+
 async def check_store(store: Any) -> None:
     """Reach the bucket and sign in, or one clear line (CliError)."""
     from ..errors import ObjectStoreError
@@ -104,6 +125,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
                    help="one pass, a summary, then exit (1 if a segment failed)")
     add_client_security_options(p)
     add_log_options(p)
+    add_check_config_option(p)
     return p
 
 
@@ -113,9 +135,27 @@ def _summary(report: Any) -> str:
             f"{report.swept} object(s); {len(report.failures)} failure(s)")
 
 
-def run(args: argparse.Namespace) -> int:
+def check_config(args: argparse.Namespace) -> str:
+    """``--check-config``: what a start checks, and the files it reads (mode
+    ``files``), without connecting; the OK line's summary (no secret in it)."""
     from ..meta.uri import parse_metadata_uri
 
+    files = FileCheck(args.check_config)
+    parse_metadata_uri(args.metadata_uri)
+    store = check_object_store(args, files)
+    security = check_client_security(args, files)
+    namespaces = ", ".join(args.namespaces) if args.namespaces else "all"
+    return (f"metadata {args.metadata_uri}, {store}, namespaces {namespaces}, "
+            f"{security}; {files.summary()}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the options, then offload (with ``--check-config``: only check, see
+    :func:`check_config`)."""
+    from ..meta.uri import parse_metadata_uri
+
+    if args.check_config is not None:
+        return dry_run("asyncbk offload", lambda: check_config(args))
     parse_metadata_uri(args.metadata_uri)
     options = offloader_options(args)
     store = object_store_of(args)
