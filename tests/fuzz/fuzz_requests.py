@@ -54,11 +54,12 @@ def _check_types(msg: Any) -> None:
 
 def _check_fast_encoders(msg: Any) -> None:
     p = proto
-    if isinstance(msg, p.AddRequest):
-        tail = p.add_request_tail(*astuple(msg)[1:])
+    # (the hot-path encoders write untraced requests: a trace takes the general one)
+    if isinstance(msg, p.AddRequest) and not getattr(msg, "trace", b""):
+        tail = p.add_request_tail(*astuple(msg)[1:7])
         fast = b"".join(p.add_request_frame(msg.request_id, tail))
-    elif isinstance(msg, p.AddBatchRequest):
-        fast = p.encode_add_batch_request(*astuple(msg))
+    elif isinstance(msg, p.AddBatchRequest) and not getattr(msg, "traces", []):
+        fast = p.encode_add_batch_request(*astuple(msg)[:7])
     elif isinstance(msg, p.AddResponse):
         fast = p.encode_add_response(*astuple(msg))
     elif isinstance(msg, p.AddBatchResponse):

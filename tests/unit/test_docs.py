@@ -57,7 +57,20 @@ def test_protocol_op_table_matches_the_op_enum() -> None:
 
 
 def _field_names(cell: str) -> list[str]:
-    return [] if cell == "(none)" else [name(c) for c in cell.split(", ")]
+    """The fields of a cell, an optional one (in brackets) as ``[name]``."""
+    if cell == "(none)":
+        return []
+    out = []
+    for c in cell.split(", "):
+        optional = c.startswith("[") and c.endswith("]")
+        out.append(f"[{name(c[1:-1])}]" if optional else name(c))
+    return out
+
+
+def _wire_fields(cls: type) -> list[str]:
+    """``cls``'s fields after request_id (and status), optional ones as ``[name]``."""
+    return [f"[{f.name}]" if f.default is not MISSING or f.default_factory is not MISSING
+            else f.name for f in fields(cls)]
 
 
 def test_protocol_op_table_lists_each_messages_fields_in_wire_order() -> None:
@@ -65,8 +78,8 @@ def test_protocol_op_table_lists_each_messages_fields_in_wire_order() -> None:
     responses = {cls.OP: cls for cls in messages._RESPONSES.values()}
     for row in table(protocol(), "| op | code |"):
         op = Op[name(row[0])]
-        want_req = [f.name for f in fields(requests[op])][1:]  # after request_id
-        want_resp = [f.name for f in fields(responses[op])][2:]  # after request_id, status
+        want_req = _wire_fields(requests[op])[1:]  # after request_id
+        want_resp = _wire_fields(responses[op])[2:]  # after request_id, status
         assert _field_names(row[2]) == want_req, f"{op.name} request fields"
         assert _field_names(row[3]) == want_resp, f"{op.name} response fields"
 

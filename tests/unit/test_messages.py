@@ -33,6 +33,7 @@ from asyncbk.proto import (
     encode_request,
     encode_response,
 )
+from asyncbk.tracing import TRACE_CONTEXT_BYTES
 
 ids = st.integers(min_value=0, max_value=2**63 - 1)
 eids = st.integers(min_value=-1, max_value=2**63 - 1)
@@ -79,6 +80,51 @@ def test_request_round_trip(msg) -> None:  # type: ignore[no-untyped-def]
 @given(responses)
 def test_response_round_trip(msg) -> None:  # type: ignore[no-untyped-def]
     assert decode_response(_body(encode_response(msg))) == msg
+
+
+contexts = st.one_of(st.just(b""), st.binary(min_size=TRACE_CONTEXT_BYTES,
+                                             max_size=TRACE_CONTEXT_BYTES))
+traced_requests = st.one_of(
+    st.builds(AddRequest, ids, ids, eids, blobs, st.integers(0, 3), eids, blobs, contexts),
+    st.builds(ReadRequest, ids, ids, eids, st.integers(0, 3), blobs, contexts),
+    st.builds(ReadBatchRequest, ids, ids, eids, ids, ids, contexts),
+    st.integers(0, 5).flatmap(lambda n: st.builds(
+        AddBatchRequest, ids, ids, blobs, st.integers(0, 3), eids,
+        st.lists(ids, min_size=n, max_size=n), st.lists(blobs, min_size=n, max_size=n),
+        st.lists(contexts, min_size=n, max_size=n))),
+)
+
+
+@given(traced_requests)
+def test_traced_request_round_trip(msg) -> None:  # type: ignore[no-untyped-def]
+    assert decode_request(_body(encode_request(msg))) == msg
+
+
+def test_a_request_without_trace_is_the_bytes_it_was() -> None:
+    """The optional fields are left out when empty: the frame is the untraced one."""
+    add = AddRequest(7, 1, 2, b"key", 0, 1, b"body")
+    assert msgpack.unpackb(_body(encode_request(add))) == \
+        [PROTOCOL_VERSION, Op.ADD, 7, 1, 2, b"key", 0, 1, b"body"]
+    batch = AddBatchRequest(7, 1, b"key", 0, 1, [2, 3], [b"a", b"b"], [b"", b""])
+    assert len(msgpack.unpackb(_body(encode_request(batch)))) == 10  # traces kept: a list
+    batch = AddBatchRequest(7, 1, b"key", 0, 1, [2, 3], [b"a", b"b"])
+    assert len(msgpack.unpackb(_body(encode_request(batch)))) == 9
+    traced = AddRequest(7, 1, 2, b"key", 0, 1, b"body", b"t" * TRACE_CONTEXT_BYTES)
+    assert msgpack.unpackb(_body(encode_request(traced)))[-1] == b"t" * TRACE_CONTEXT_BYTES
+
+
+@pytest.mark.parametrize("body", [
+    msgpack.packb([PROTOCOL_VERSION, Op.ADD, 1, 1, 1, b"k", 0, -1, b"b", b"short"]),
+    msgpack.packb([PROTOCOL_VERSION, Op.ADD, 1, 1, 1, b"k", 0, -1, b"b", b"", b"more"]),
+    msgpack.packb([PROTOCOL_VERSION, Op.READ, 1, 1, 1, 0, b"", "text"]),
+    msgpack.packb([PROTOCOL_VERSION, Op.ADD_BATCH, 1, 1, b"k", 0, -1, [1, 2], [b"a", b"b"],
+                   [b""]]),  # one trace for two entries
+    msgpack.packb([PROTOCOL_VERSION, Op.ADD_BATCH, 1, 1, b"k", 0, -1, [1], [b"a"],
+                   [b"x" * 40]]),
+], ids=["short-trace", "extra-field", "text-trace", "traces-count", "trace-size"])
+def test_malformed_traces_rejected(body: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_request(body)
 
 
 @pytest.mark.parametrize(

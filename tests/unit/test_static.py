@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "src" / "asyncbk"
 
 BOTTOM = {"errors", "types", "config", "clock", "log", "stats", "_version", "topology",
-          "backoff"}
+          "backoff", "tracing"}
 # layer -> the asyncbk subpackages/modules it may import
 ALLOWED: dict[str, set[str]] = {
     "proto": BOTTOM | {"proto"},

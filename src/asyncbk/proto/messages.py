@@ -18,18 +18,24 @@ request processor's to reject with :attr:`Status.BAD_REQUEST`.
 Entry bodies are opaque to the bookie: the client wraps each payload in a
 digest envelope (see ``asyncbk.client.digest``); the LAC piggybacked on an
 add travels as its own field so the bookie never parses the body.
+
+Optional fields come last, with a default: a sender leaves them out when they hold
+their default, so a message without them is byte for byte what it was before they
+existed.  They are the tracing contexts (``trace``, ``traces``: empty or
+:data:`~asyncbk.tracing.TRACE_CONTEXT_BYTES` bytes each, see :mod:`asyncbk.tracing`).
 """
 
 from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, TypeAlias, cast
 
 import msgpack
 
 from ..errors import ProtocolError
+from ..tracing import TRACE_CONTEXT_BYTES
 from .framing import encode_frame
 
 PROTOCOL_VERSION = 1
@@ -86,6 +92,8 @@ class AddRequest:
     flags: int
     lac: int
     body: bytes
+    trace: bytes = b""
+    """Optional: the client's span context (tracing), or empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +106,8 @@ class ReadRequest:
     flags: int
     master_key: bytes = field(repr=False)
     """Required (non-empty) with the FENCE flag; ignored otherwise."""
+    trace: bytes = b""
+    """Optional: the client's span context (tracing), or empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +145,8 @@ class ReadBatchRequest:
     first_entry_id: int
     count_max: int
     bytes_max: int
+    trace: bytes = b""
+    """Optional: the client's span context (tracing), or empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +161,8 @@ class AddBatchRequest:
     lac: int
     entry_ids: list[int]
     bodies: list[bytes]
+    traces: list[bytes] = field(default_factory=list)
+    """Optional: a span context (or empty) per entry, or no list at all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,12 +318,30 @@ _SCHEMA: dict[type[Any], tuple[tuple[str, type], ...]] = {
     cls: _field_types(cls) for cls in (*_REQUESTS.values(), *_RESPONSES.values())
 }
 
+
+def _optional_count(cls: type[Any]) -> int:
+    """How many of ``cls``'s last fields are optional (have a default)."""
+    n = 0
+    for f in reversed(fields(cls)):
+        if f.default is MISSING and f.default_factory is MISSING:
+            break
+        n += 1
+    return n
+
+
+_OPTIONAL: dict[type[Any], int] = {cls: _optional_count(cls) for cls in _SCHEMA}
+
 _INT64_MIN = -(1 << 63)
 _UINT64_MAX = (1 << 64) - 1
 
 
 def _pack(op: int, msg: Any) -> bytes:
-    values = [getattr(msg, name) for name, _ in _SCHEMA[type(msg)]]
+    cls = type(msg)
+    values = [getattr(msg, name) for name, _ in _SCHEMA[cls]]
+    optional = _OPTIONAL[cls]
+    while optional and not values[-1]:  # (left out while empty: b"" or [])
+        values.pop()
+        optional -= 1
     return msgpack.packb([PROTOCOL_VERSION, op, *values], use_bin_type=True)
 
 
@@ -410,11 +442,11 @@ def _unpack(body: bytes, table: dict[int, type[Any]], kind: str) -> Any:
         raise ProtocolError(f"unknown {kind} op {op}")
     schema = _SCHEMA[cls]
     values = arr[2:]
-    if len(values) != len(schema):
-        raise ProtocolError(
-            f"{kind} op {Op(op).name} needs {len(schema)} fields, got {len(values)}"
-        )
-    for (name, t), v in zip(schema, values, strict=True):
+    least = len(schema) - _OPTIONAL[cls]
+    if not least <= len(values) <= len(schema):
+        needs = f"{least} to {len(schema)}" if least < len(schema) else str(least)
+        raise ProtocolError(f"{kind} op {Op(op).name} needs {needs} fields, got {len(values)}")
+    for (name, t), v in zip(schema, values, strict=False):
         if t is _IntList:  # (type checks by set(map(type, ...)): per entry, at C speed)
             if type(v) is not list or v and (
                     set(map(type, v)) != _INT_ONLY or min(v) < _INT64_MIN
@@ -432,9 +464,23 @@ def _unpack(body: bytes, table: dict[int, type[Any]], kind: str) -> Any:
             raise ProtocolError(f"{kind} op {Op(op).name} field {name} must hold only bytes")
     if values[0] < 0:
         raise ProtocolError(f"{kind} request_id must be >= 0")
-    if (cls is AddBatchRequest or cls is AddBatchResponse) and len(values[-2]) != len(values[-1]):
+    if cls is AddBatchRequest:
+        ids, bodies, traces = values[5], values[6], values[7] if len(values) > 7 else None
+        if len(ids) != len(bodies) or traces is not None and len(traces) != len(ids):
+            raise ProtocolError(f"{kind} op ADD_BATCH lists differ in length")
+        if traces is not None and any(len(t) not in _TRACE_SIZES for t in traces):
+            raise ProtocolError(f"{kind} op ADD_BATCH field traces must hold empty or "
+                                f"{TRACE_CONTEXT_BYTES}-byte contexts")
+    elif cls is AddBatchResponse and len(values[-2]) != len(values[-1]):
         raise ProtocolError(f"{kind} op ADD_BATCH lists differ in length")
+    elif len(values) == len(schema) and schema[-1][0] == "trace" \
+            and len(values[-1]) not in _TRACE_SIZES:
+        raise ProtocolError(f"{kind} op {Op(op).name} field trace must be empty or "
+                            f"{TRACE_CONTEXT_BYTES} bytes")
     return cls(*values)
+
+
+_TRACE_SIZES = (0, TRACE_CONTEXT_BYTES)
 
 
 def decode_request(body: bytes) -> Request:
