@@ -145,6 +145,12 @@ class BookieConfig:
     """With ``auth_tokens_file``: ``GET /metrics`` and ``/healthz`` need no token (every
     other route does).  The endpoint is HTTPS when the bookie has TLS."""
 
+    # tracing (the otel extra; see asyncbk.tracing)
+    otel_exporter: str = ""
+    """Where the bookie sends the spans of requests that carry a client's trace
+    context: ``otlp`` (OTLP over HTTP, to where the ``OTEL_EXPORTER_OTLP_*`` variables
+    say) or ``jsonl:FILE``; ``""``: no spans (the contexts are ignored)."""
+
     @property
     def ledger_dirs(self) -> list[str]:
         """``ledger_dir`` split at commas."""
@@ -197,6 +203,10 @@ class BookieConfig:
                               f"not {self.index_backend!r}")
         if self.index_backend == "lmdb":
             require_lmdb()
+        if self.otel_exporter:
+            from .tracing import check_exporter
+
+            check_exporter(self.otel_exporter)
         if self.index_write_cache_entries_max <= 0:
             raise ConfigError("index_write_cache_entries_max must be > 0")
         if self.index_log_compaction_bytes_min < 0:
@@ -319,6 +329,11 @@ class ClientConfig:
     object_store_read_timeout_s: float = 60.0
     """A read of an offloaded segment retries an object store that does not answer
     for this long, then fails naming the object."""
+    tracing: bool = False
+    """OpenTelemetry spans for appends, reads and recoveries, through the application's
+    tracer provider, their context carried to the bookies (the ``otel`` extra; see
+    :mod:`asyncbk.tracing`).  Needs bookies of this version or newer: an older bookie
+    refuses a request that carries a trace context."""
 
     def validate(self) -> ClientConfig:
         _check_positive(self, "add_timeout_s", "read_timeout_s", "connect_timeout_s",

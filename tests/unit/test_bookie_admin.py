@@ -15,6 +15,7 @@ from asyncbk.bookie.admin import (
     ProcessorFigures,
     StateView,
 )
+from asyncbk.bookie.diskwatch import DiskCheck
 from asyncbk.bookie.http import AdminHttpServer
 from asyncbk.bookie.state import StateMachine
 from asyncbk.errors import MetadataError
@@ -62,6 +63,9 @@ class FakeBookie:
                 "checkpoints": 1, "entry_log_flushes": 0, "journal_files_deleted": 0,
                 "ledgers_deleted": 0, "compactions": 0, "compacted_bytes": 0,
                 "compaction_moved_bytes": 0, "journal": journal}
+
+    def disk_check(self) -> DiskCheck | None:
+        return None
 
     def journal_figures(self) -> JournalFigures | None:
         return JournalFigures(LatencyHistogram(), LatencyHistogram()) if self.running else None

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
 
 from ..stats import LatencyHistogram
+from .diskwatch import DiskCheck
 from .state import BookieState
 
 
@@ -78,6 +79,11 @@ class BookieAdmin(Protocol):
         ...
 
     def journal_figures(self) -> JournalFigures | None: ...
+
+    def disk_check(self) -> DiskCheck | None:
+        """The disk watch's last check: each directory's disk, journals' included, and
+        the marks (None before the first)."""
+        ...
 
     async def set_maintenance(self, read_only: bool) -> StateView:
         """Read-only for maintenance, or back (other reasons still hold); the

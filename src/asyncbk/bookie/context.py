@@ -18,7 +18,8 @@ and garbage collection, and takes every I/O seam they stand on from its context:
 * ``clock`` and ``rng``: time and randomness (the registration's back-off jitter),
   so that a simulated run replays from its seed;
 * ``log`` and ``on_state_change``: where the bookie logs, and who hears each change
-  of its state (:class:`~.state.Change`).
+  of its state (:class:`~.state.Change`);
+* ``tracing``: the spans of traced requests.
 
 The defaults are the real ones: a bookie process never builds a context.
 """
@@ -38,6 +39,7 @@ from ..config import BookieConfig
 from ..meta.api import MetadataStore
 from ..meta.uri import open_metadata_store
 from ..net.etcd_security import bookie_etcd_security
+from ..tracing import Tracing
 from .cookie import DirectoryLocker, os_directory_lock
 from .fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload
 from .startup import OS_NETWORK, BookieNetwork
@@ -92,6 +94,9 @@ class BookieContext:
     """The bookie's logger (None: structlog's, with ``bookie_id`` bound)."""
     on_state_change: Callable[[str, Change], None] | None = None
     """``on_state_change(bookie_id, change)`` after each change of state or reasons."""
+    tracing: Tracing | None = None
+    """Spans of the requests that carry a trace context (None: as ``otel_exporter``
+    says, through a tracer provider of the process's own, or no spans)."""
 
 
 __all__ = ["BookieContext", "DiskProbe", "MetadataFactory", "device_of",

@@ -11,11 +11,11 @@ adds to its ledgers are refused and new ledgers go elsewhere
 and whether every journal failed: the server turns those into read-only reasons
 of its :class:`~.state.StateMachine`.
 
-Each check also leaves its figures where the metrics collector reads them at
-scrape time (:func:`last_check`, keyed by the bookie's configured ``ledger_dir``,
-which one bookie at a time holds on a host): every directory's free and total
-bytes, the journal disks' included (only this watch asks those), whether it is
-full, and the two marks.  Scraping then asks no disk anything.
+Each check also keeps its figures (:attr:`DiskWatch.last`), which the metrics
+collector reads at scrape time through the bookie's admin interface: every
+directory's free and total bytes, the journal disks' included (only this watch asks
+those), whether it is full, and the two marks.  Scraping then asks no disk
+anything.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class DirectoryUsage(NamedTuple):
 
 
 class DiskCheck(NamedTuple):
-    """The last check of one bookie's disks (for the metrics: :func:`last_check`)."""
+    """The last check of one bookie's disks (for the metrics: :attr:`DiskWatch.last`)."""
 
     threshold: float
     """``disk_usage_threshold``: a directory turns full at this used fraction."""
@@ -62,24 +62,6 @@ class DiskReport(NamedTuple):
     """The fullest disk's used fraction."""
 
 
-_CHECKS_MAX = 64
-"""Bound of the last checks kept (bookies in one process: tests, the simulator)."""
-_last_checks: dict[str, DiskCheck] = {}
-
-
-def last_check(ledger_dir: str) -> DiskCheck | None:
-    """The last check of the bookie configured with ``ledger_dir`` (its ``ledger_dir``
-    setting, as written); None before its first check."""
-    return _last_checks.get(ledger_dir)
-
-
-def _keep(ledger_dir: str, check: DiskCheck) -> None:
-    _last_checks.pop(ledger_dir, None)
-    _last_checks[ledger_dir] = check
-    while len(_last_checks) > _CHECKS_MAX:
-        del _last_checks[next(iter(_last_checks))]
-
-
 class DiskWatch:
     """Checks a storage's ledger directories (module docstring)."""
 
@@ -90,6 +72,8 @@ class DiskWatch:
         self._probe = probe
         self._offload = offload
         self._log = log
+        self.last: DiskCheck | None = None
+        """The figures of the last check (None before the first)."""
 
     async def check(self) -> DiskReport:
         cfg = self._config
@@ -121,10 +105,10 @@ class DiskWatch:
                 str(part.ledger_dir), str(part.journal_dir), free, total,
                 None if journal is None else journal[0],
                 None if journal is None else journal[1], part.full))
-        _keep(cfg.ledger_dir, DiskCheck(cfg.disk_usage_threshold,
-                                        cfg.disk_usage_lwm_threshold, tuple(figures)))
+        self.last = DiskCheck(cfg.disk_usage_threshold, cfg.disk_usage_lwm_threshold,
+                              tuple(figures))
         return DiskReport(all(part.full for part in self._storage.per_directory),
                           self._storage.journal_failed, used_max)
 
 
-__all__ = ["DirectoryUsage", "DiskCheck", "DiskReport", "DiskWatch", "last_check"]
+__all__ = ["DirectoryUsage", "DiskCheck", "DiskReport", "DiskWatch"]

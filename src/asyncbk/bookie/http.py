@@ -37,7 +37,6 @@ from ..errors import BKError
 from ..net.http import AdminHttp
 from ..stats import MetricFamilies
 from .admin import BookieAdmin
-from .diskwatch import last_check
 from .state import SERVING_STATES, BookieState, ReadOnlyReason
 
 PREFIX = "asyncbk_bookie"
@@ -142,7 +141,7 @@ def _directory_families(b: BookieAdmin, st: dict[str, Any]) -> Iterator[Metric]:
     disk watch's, every ``disk_check_interval_s``), whether each ledger directory is
     full, and the disk watch's two marks.  Nothing here asks a disk."""
     _, ledger_setting = b.directories()
-    check = last_check(ledger_setting)
+    check = b.disk_check()
     if "directories" in st:  # several ledger directories
         ledgers = [(d["ledger_dir"], d["disk_free_bytes"], d["disk_total_bytes"], d["full"])
                    for d in st["directories"]]

@@ -135,10 +135,24 @@ class _BatchResult:
     nbytes: int
     seq: int
     offset: int
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class JournalSync:
+    """The group commit that made a record durable, what the journal's futures resolve
+    to: when its write began and its ``fdatasync`` ended (wall clock, ns: for tracing
+    spans), and how many records and bytes it wrote."""
+
+    start_ns: int
+    end_ns: int
+    records: int
+    nbytes: int
 
 
 # A queued record: (encoded record, sink item, future or None, loop time enqueued)
-_Queued = tuple[bytes, Any, "asyncio.Future[None] | None", float]
+_Queued = tuple[bytes, Any, "asyncio.Future[JournalSync] | None", float]
 
 
 class Journal:
@@ -187,7 +201,7 @@ class Journal:
         self._queue: collections.deque[_Queued] = collections.deque()
         self._queued_bytes = 0
         self._pending = 0  # queued + in flight
-        self._inflight: list[asyncio.Future[None] | None] = []
+        self._inflight: list[asyncio.Future[JournalSync] | None] = []
         self._wakeup = asyncio.Event()
         self._space_waiters: list[asyncio.Future[None]] = []
         self._failed: BaseException | None = None
@@ -282,7 +296,7 @@ class Journal:
                 f"journal queue full ({self._pending} of {self._queue_max} records)"
             )
 
-    def append(self, record: bytes, item: Any = None) -> asyncio.Future[None]:
+    def append(self, record: bytes, item: Any = None) -> asyncio.Future[JournalSync]:
         """Queue ``record``; the future resolves after the fsync covering it.
 
         ``item`` is passed to the sink with the record.  Raises
@@ -291,7 +305,8 @@ class Journal:
         """
         return self.append_batch([record], [item])
 
-    def append_batch(self, records: list[bytes], items: list[Any]) -> asyncio.Future[None]:
+    def append_batch(self, records: list[bytes],
+                     items: list[Any]) -> asyncio.Future[JournalSync]:
         """Queue ``records`` (with their ``items``) in order, with one future: it
         resolves after the fsync covering the last of them, and so, the journal being
         FIFO, all of them.  Raises as :meth:`append` does, for all or none."""
@@ -299,7 +314,7 @@ class Journal:
         if count == 0 or count != len(items):
             raise ValueError(f"append_batch of {count} records and {len(items)} items")
         loop = self._ready(count)
-        fut: asyncio.Future[None] = loop.create_future()
+        fut: asyncio.Future[JournalSync] = loop.create_future()
         self._enqueue(records, items, fut, loop)
         return fut
 
@@ -317,7 +332,8 @@ class Journal:
         return loop
 
     def _enqueue(self, records: list[bytes], items: list[Any],
-                 fut: asyncio.Future[None] | None, loop: asyncio.AbstractEventLoop) -> None:
+                 fut: asyncio.Future[JournalSync] | None,
+                 loop: asyncio.AbstractEventLoop) -> None:
         """Queue ``records``, ``fut`` riding with the last."""
         q = self._queue
         was_empty = not q
@@ -424,7 +440,7 @@ class Journal:
         b_max = self._bytes_max
         records: list[bytes] = []
         items: list[Any] = []
-        futs: list[asyncio.Future[None] | None] = []
+        futs: list[asyncio.Future[JournalSync] | None] = []
         nbytes = 0
         oldest = q[0][3]
         while q and len(records) < n_max and nbytes < b_max:
@@ -474,9 +490,10 @@ class Journal:
 
         self._inflight = []
         self._pending -= len(futs)
+        synced = JournalSync(result.start_ns, result.end_ns, len(records), result.nbytes)
         for fut in futs:
             if fut is not None and not fut.done():
-                fut.set_result(None)
+                fut.set_result(synced)
         if self._space_waiters and self._pending < self._low_water:
             self._wake_space_waiters()
         return True
@@ -545,18 +562,21 @@ class Journal:
                 self._open_file(self._seq + 1)
             buf = records[0] if len(records) == 1 else b"".join(records)
             # performance timers: only reported (write and fsync latency statistics)
+            start_ns = time.time_ns()  # (wall clock: where tracing spans put it)
             t0 = time.perf_counter()
             self.io.write(self._fd, buf)
             t1 = time.perf_counter()
             if self._sync:
                 self.io.fdatasync(self._fd)
             t2 = time.perf_counter()
+            end_ns = time.time_ns()
             self._offset += len(buf)
             sink_result = self._sink.apply_in_writer(records, items) if self._sink else None
         except BaseException:
             self._thread_failed = True
             raise
-        return _BatchResult(sink_result, t1 - t0, t2 - t1, len(buf), self._seq, self._offset)
+        return _BatchResult(sink_result, t1 - t0, t2 - t1, len(buf), self._seq, self._offset,
+                            start_ns, end_ns)
 
     @property
     def writer_failed(self) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from .._version import __version__
@@ -56,6 +56,8 @@ from ..proto import (
     encode_add_response,
 )
 from ..stats import LatencyHistogram
+from ..tracing import Span, Tracing
+from .journal import JournalSync
 from .state import BookieState, StateMachine
 from .storage import RequestStorage
 
@@ -89,8 +91,12 @@ class RequestProcessor:
     server; a new one, ``starting``, when none is given)."""
 
     def __init__(self, storage: RequestStorage, bookie_id: str, log: Any = None, *,
-                 state_machine: StateMachine | None = None) -> None:
+                 state_machine: StateMachine | None = None,
+                 tracing: Tracing | None = None) -> None:
         self.storage = storage
+        self.tracing = tracing
+        """Spans of the requests that carry a client's trace context (None: no spans;
+        the contexts are then ignored)."""
         self.bookie_id = bookie_id
         self.state_machine = state_machine if state_machine is not None else StateMachine()
         self.log = log or get_logger(bookie_id=bookie_id)
@@ -141,19 +147,24 @@ class RequestProcessor:
     # ------------------------------------------------------------------ add
 
     def _add(self, req: AddRequest, conn: ServerConnection) -> None:
+        span = None
+        if req.trace and self.tracing is not None:
+            span = self._add_span(req.trace, req.ledger_id, req.entry_id)
         status = self._check_add(req)
         if status is not Status.OK:
             self.counters["rejected"] += 1
             conn.respond(AddResponse(req.request_id, status, req.ledger_id, req.entry_id))
+            if span is not None:
+                self._end_add_spans((span,), status)
             return
         try:
             fut = self.storage.add_entry(req.ledger_id, req.entry_id, req.master_key, req.body)
-        except TooManyRequestsError:
-            conn.respond(AddResponse(req.request_id, Status.TOO_MANY_REQUESTS, req.ledger_id,
-                                     req.entry_id))
-            return
-        except BookieIOError:
-            conn.respond(AddResponse(req.request_id, Status.IO_ERROR, req.ledger_id, req.entry_id))
+        except (TooManyRequestsError, BookieIOError) as exc:
+            status = Status.TOO_MANY_REQUESTS if isinstance(exc, TooManyRequestsError) \
+                else Status.IO_ERROR
+            conn.respond(AddResponse(req.request_id, status, req.ledger_id, req.entry_id))
+            if span is not None:
+                self._end_add_spans((span,), status)
             return
         counters = self.counters
         counters["adds"] += 1
@@ -165,7 +176,7 @@ class RequestProcessor:
         if req.lac >= 0 and self.storage.update_lac(req.ledger_id, req.lac):
             self._notify_lac(req.ledger_id)
 
-        def done(f: asyncio.Future[None]) -> None:
+        def done(f: asyncio.Future[JournalSync]) -> None:
             self._add_answered()
             ok = not f.cancelled() and f.exception() is None
             if not ok:
@@ -174,6 +185,9 @@ class RequestProcessor:
                                                    else Status.IO_ERROR, req.ledger_id,
                                                    req.entry_id))
             self.add_latency.observe(loop.time() - started)
+            if span is not None:
+                self._end_add_spans((span,), Status.OK if ok else Status.IO_ERROR,
+                                    f.result() if ok else None)
 
         fut.add_done_callback(done)
         if self.storage.journal_queue_entries >= self._queue_high:
@@ -185,6 +199,11 @@ class RequestProcessor:
         refuses them all)."""
         n = len(req.entry_ids)
         ledger_id = req.ledger_id
+        spans = None
+        if req.traces and self.tracing is not None:
+            spans = [self._add_span(trace, ledger_id, entry_id)
+                     for entry_id, trace in zip(req.entry_ids, req.traces, strict=True)
+                     if trace]
         status = self._check_add_fields(ledger_id, req.master_key, req.flags, req.lac)
         if n != len(req.bodies) or n > ADD_BATCH_ENTRIES_MAX:
             status = Status.BAD_REQUEST
@@ -192,6 +211,8 @@ class RequestProcessor:
             self.counters["rejected"] += n
             conn.respond_frame(encode_add_batch_response(req.request_id, status, ledger_id,
                                                          req.entry_ids, [int(status)] * n))
+            if spans:
+                self._end_add_spans(spans, status)
             return
         statuses = [0] * n
         entry_ids = req.entry_ids
@@ -227,6 +248,8 @@ class RequestProcessor:
         if fut is None:  # nothing was accepted: answer now
             conn.respond_frame(encode_add_batch_response(req.request_id, Status.OK, ledger_id,
                                                          req.entry_ids, statuses))
+            if spans:
+                self._end_add_spans(spans, Status(max(statuses)))
             return
         counters = self.counters
         counters["adds"] += accepted
@@ -235,19 +258,42 @@ class RequestProcessor:
         self._drained.clear()
         started = loop.time()
 
-        def done(f: asyncio.Future[None]) -> None:
+        def done(f: asyncio.Future[JournalSync]) -> None:
             self._add_answered(accepted)
-            if f.cancelled() or f.exception() is not None:
+            ok = not f.cancelled() and f.exception() is None
+            if not ok:
                 for i in (range(n) if good is None else good):
                     statuses[i] = Status.IO_ERROR
                 counters["add_errors"] += accepted
             conn.respond_frame(encode_add_batch_response(req.request_id, Status.OK, ledger_id,
                                                          req.entry_ids, statuses))
             self.add_latency.observe(loop.time() - started, accepted)
+            if spans:
+                self._end_add_spans(spans, Status(max(statuses)), f.result() if ok else None)
 
         fut.add_done_callback(done)
         if storage.journal_queue_entries >= self._queue_high:
             self._apply_backpressure(conn)
+
+    def _add_span(self, trace: bytes, ledger_id: int, entry_id: int) -> Span:
+        assert self.tracing is not None
+        return self.tracing.start("asyncbk.bookie.add", {
+            "asyncbk.bookie": self.bookie_id, "asyncbk.ledger_id": ledger_id,
+            "asyncbk.entry_id": entry_id}, parent=trace)
+
+    def _end_add_spans(self, spans: Sequence[Span], status: Status,
+                       synced: JournalSync | None = None) -> None:
+        """End the spans of traced adds answered ``status``; ``synced``: the group
+        commit that made them durable, a child span of each."""
+        tracing = self.tracing
+        assert tracing is not None
+        for span in spans:
+            span.set_attribute("asyncbk.status", status.name)
+            if synced is not None:
+                tracing.child(span, "asyncbk.journal.fsync", synced.start_ns, synced.end_ns,
+                              {"asyncbk.journal.records": synced.records,
+                               "asyncbk.journal.bytes": synced.nbytes})
+            span.end()
 
     def _add_answered(self, count: int = 1) -> None:
         """Accepted adds were journaled (or failed): ``drain`` may be waiting for zero."""
@@ -307,9 +353,12 @@ class RequestProcessor:
                                       req.entry_id, b"", -1))
             return
         self.counters["reads"] += 1
-        self._spawn(self._read_async(req, conn))
+        span = self._read_span(req.trace, req.ledger_id, req.entry_id, 1) if req.trace \
+            and self.tracing is not None else None
+        self._spawn(self._read_async(req, conn, span))
 
-    async def _read_async(self, req: ReadRequest, conn: ServerConnection) -> None:
+    async def _read_async(self, req: ReadRequest, conn: ServerConnection,
+                          span: Span = None) -> None:
         ledger_id, entry_id = req.ledger_id, req.entry_id
         started = self._loop.time()
 
@@ -317,7 +366,8 @@ class RequestProcessor:
             info = self.storage.ledger(ledger_id)
             conn.respond(ReadResponse(req.request_id, status, ledger_id, eid, body,
                                       info.lac if info is not None else -1))
-            self._count_read(started, status, 1 if status == Status.OK else 0, len(body))
+            self._count_read(started, status, 1 if status == Status.OK else 0, len(body),
+                             span)
 
         if req.flags & ReadFlag.FENCE:
             if not req.master_key or len(req.master_key) > MASTER_KEY_BYTES_MAX:
@@ -364,9 +414,12 @@ class RequestProcessor:
                                            req.first_entry_id, -1, []))
             return
         self.counters["reads"] += 1
-        self._spawn(self._read_batch_async(req, conn))
+        span = self._read_span(req.trace, req.ledger_id, req.first_entry_id, req.count_max) \
+            if req.trace and self.tracing is not None else None
+        self._spawn(self._read_batch_async(req, conn, span))
 
-    async def _read_batch_async(self, req: ReadBatchRequest, conn: ServerConnection) -> None:
+    async def _read_batch_async(self, req: ReadBatchRequest, conn: ServerConnection,
+                                span: Span = None) -> None:
         started = self._loop.time()
         bodies: list[bytes] = []
         try:
@@ -384,15 +437,26 @@ class RequestProcessor:
         info = self.storage.ledger(req.ledger_id)
         conn.respond(ReadBatchResponse(req.request_id, status, req.ledger_id, req.first_entry_id,
                                        info.lac if info is not None else -1, bodies))
-        self._count_read(started, status, len(bodies), sum(map(len, bodies)))
+        self._count_read(started, status, len(bodies), sum(map(len, bodies)), span)
 
-    def _count_read(self, started: float, status: Status, entries: int, nbytes: int) -> None:
+    def _read_span(self, trace: bytes, ledger_id: int, entry_id: int, count_max: int) -> Span:
+        assert self.tracing is not None
+        return self.tracing.start("asyncbk.bookie.read", {
+            "asyncbk.bookie": self.bookie_id, "asyncbk.ledger_id": ledger_id,
+            "asyncbk.entry_id": entry_id, "asyncbk.count_max": count_max}, parent=trace)
+
+    def _count_read(self, started: float, status: Status, entries: int, nbytes: int,
+                    span: Span = None) -> None:
         self.read_latency.observe(self._loop.time() - started)
         counters = self.counters
         counters["read_entries"] += entries
         counters["read_bytes"] += nbytes
         if status not in (Status.OK, Status.NO_ENTRY, Status.NO_LEDGER):
             counters["read_errors"] += 1
+        if span is not None:
+            span.set_attributes({"asyncbk.status": status.name, "asyncbk.entries": entries,
+                                 "asyncbk.bytes": nbytes})
+            span.end()
 
     # ------------------------------------------------------------------ LAC
 
@@ -429,7 +493,7 @@ class RequestProcessor:
             conn.respond(WriteLacResponse(req.request_id, Status.IO_ERROR, req.ledger_id))
             return
 
-        def done(f: asyncio.Future[None]) -> None:
+        def done(f: asyncio.Future[JournalSync]) -> None:
             ok = not f.cancelled() and f.exception() is None
             conn.respond(WriteLacResponse(req.request_id, Status.OK if ok else Status.IO_ERROR,
                                           req.ledger_id))

@@ -54,10 +54,13 @@ from ..net.security import (
 from ..net.server import BookieListener
 from ..stats import LatencyHistogram
 from ..topology import LOCATION_KEY, normalize_location
+from ..tracing import Tracing
+from ..tracing import configure as configure_tracing
+from ..tracing import shutdown as shutdown_tracing
 from .admin import JournalFigures, ListenerFigures, ProcessorFigures, StateView
 from .context import BookieContext
 from .cookie import HeldLock, check_or_format
-from .diskwatch import DiskWatch
+from .diskwatch import DiskCheck, DiskWatch
 from .gc import GarbageCollector
 from .http import AdminHttpServer
 from .processor import RequestProcessor
@@ -113,6 +116,7 @@ class BookieServer:
         self._stop_task: asyncio.Task[None] | None = None
         """The stop under way (graceful or an abort): one per server."""
         self._disk_task: asyncio.Task[None] | None = None
+        self._disk_watch: DiskWatch | None = None
         self._lock: HeldLock | None = None
         self.http: AdminHttpServer | None = None
         self.gc: GarbageCollector | None = None
@@ -123,6 +127,9 @@ class BookieServer:
         """The bookie protocol's TLS (renewed by ``reloader``)."""
         self.http_tls: LiveServerTLS | None = None
         """The admin endpoint's TLS (renewed by ``reloader``)."""
+        self._tracing_provider = False
+        """True once this bookie configured the process's tracer provider
+        (``otel_exporter``): stopping exports its last spans."""
         self.reloader: CredentialReloader | None = None
         """Reloads the certificate, key, CA and tokens: on :meth:`reload_credentials`
         (SIGHUP) and when their files change."""
@@ -159,8 +166,16 @@ class BookieServer:
             self.storage = await open_storage(cfg, log=self.log, clock=self.clock, io=ctx.io,
                                               offload=ctx.offload, kv_open=ctx.kv_open,
                                               device_of=ctx.device_of)
+            tracing = ctx.tracing
+            if tracing is None and cfg.otel_exporter:
+                # (a provider of the process's own; its batch exporter runs in a thread)
+                provider = await ctx.offload.run(configure_tracing, cfg.otel_exporter,
+                                                 "asyncbk-bookie")
+                tracing = Tracing(provider.get_tracer("asyncbk.bookie", __version__))
+                self._tracing_provider = True
             self.processor = RequestProcessor(self.storage, self.bookie_id, log=self.log,
-                                              state_machine=self.state_machine)
+                                              state_machine=self.state_machine,
+                                              tracing=tracing)
             self.listener = BookieListener(
                 self.processor,
                 frame_bytes_max=cfg.frame_bytes_max,
@@ -306,7 +321,8 @@ class BookieServer:
         assert self.storage is not None
         probe = self.context.disk_usage if self.context.disk_usage is not None \
             else _default_disk_usage
-        watch = DiskWatch(self.storage, cfg, probe, self.context.offload, self.log)
+        watch = self._disk_watch = DiskWatch(self.storage, cfg, probe, self.context.offload,
+                                             self.log)
         machine = self.state_machine
         while True:
             report = await watch.check()
@@ -370,6 +386,9 @@ class BookieServer:
     def storage_statistics(self) -> dict[str, Any] | None:
         return self.storage.statistics() if self.storage is not None else None
 
+    def disk_check(self) -> DiskCheck | None:
+        return None if self._disk_watch is None else self._disk_watch.last
+
     def journal_figures(self) -> JournalFigures | None:
         if self.storage is None:
             return None
@@ -432,6 +451,9 @@ class BookieServer:
                                          "by clients")
         finally:
             await self._close_parts(graceful=graceful)
+            if self._tracing_provider:  # export the last spans
+                self._tracing_provider = False
+                await self.context.offload.run(shutdown_tracing)
             self._apply(self.state_machine.close())
             self._stopped.set()
             if graceful:

@@ -69,6 +69,11 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     p.add_argument("--auth-tokens-file", metavar="FILE",
                    help="accept requests only from connections that authenticate with one of "
                    "the tokens in this file (one per line)")
+    p.add_argument("--otel-exporter", metavar="otlp|jsonl:FILE",
+                   help="OpenTelemetry spans of the requests that carry a client's trace "
+                   "context (asyncbk[otel]): otlp sends them over OTLP/HTTP to where the "
+                   "OTEL_EXPORTER_OTLP_* variables say, jsonl:FILE appends them to FILE "
+                   "(default: no spans)")
     add_etcd_security_options(p)
     add_autorecovery_options(p)
     t = p.add_argument_group("tiered storage", "run the offloader in this process (one "
@@ -83,7 +88,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 
 
 SETTING_OPTIONS = ("metadata_uri", "port", "host", "advertised_host", "journal_dir",
-                   "ledger_dir", "http_port", "http_host", "rack")
+                   "ledger_dir", "http_port", "http_host", "rack", "otel_exporter")
 """Options that set the BookieConfig field of the same name."""
 
 RENAMED_SETTING_OPTIONS = (

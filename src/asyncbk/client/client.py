@@ -22,6 +22,7 @@ from ..net.connector import Connector, tcp_connector
 from ..net.pool import BookieClient
 from ..tiered.store import ObjectStores
 from ..topology import POLICIES
+from ..tracing import Tracing
 from ..types import BookieId
 from .bookies import WRITABLE_STATE, BookieWatcher, RackMapping
 from .context import ClientContext, ClientStats
@@ -178,7 +179,8 @@ class BookKeeper:
     def __init__(self, meta: MetadataStore, config: ClientConfig, *,
                  connector: Connector | None = None, rng: random.Random | None = None,
                  ssl: ssl_module.SSLContext | None = None, token: str | None = None,
-                 rack_mapping: RackMapping | None = None) -> None:
+                 rack_mapping: RackMapping | None = None,
+                 tracing: Tracing | None = None) -> None:
         self.meta = meta
         self.config = config
         self.bookie_client = BookieClient(
@@ -208,7 +210,9 @@ class BookKeeper:
             else RackMapping.from_config(config), refresh_s=config.bookie_racks_refresh_s)
         self.context = ClientContext(meta=meta, config=config, bookie_client=self.bookie_client,
                                      bookies=self.bookies, placement=self.placement,
-                                     quarantine=self.quarantine, stats=self.stats)
+                                     quarantine=self.quarantine, stats=self.stats,
+                                     tracing=tracing if tracing is not None else
+                                     Tracing.from_global() if config.tracing else None)
         """What handles and recoveries are given (they never hold the client)."""
         self.objects = ObjectStores(
             credentials_file=config.object_store_credentials_file or None)
@@ -251,7 +255,7 @@ class BookKeeper:
     async def connect(cls, metadata_uri: str, *, ssl: ssl_module.SSLContext | None = None,
                       token: str | None = None, etcd_ssl: ssl_module.SSLContext | None = None,
                       etcd_user: str | None = None, etcd_password: str | None = None,
-                      **options: Any) -> Self:
+                      tracer_provider: Any = None, **options: Any) -> Self:
         """Connect to the cluster whose metadata lives at ``metadata_uri``
         (``etcd://host:port[,host:port...]/<root>``, ``etcds://`` for etcd over TLS).
 
@@ -259,13 +263,22 @@ class BookKeeper:
         this client's certificate where they require one); with an ``etcds://`` URI
         also to etcd, unless ``etcd_ssl`` is given.  ``token``: what bookies started
         with ``--auth-tokens-file`` ask for.  ``etcd_user`` and ``etcd_password``:
-        etcd's own authentication.  ``options`` are ClientConfig fields."""
+        etcd's own authentication.  ``tracer_provider``: an OpenTelemetry tracer
+        provider to trace with (sets ``tracing``; default: the global one when
+        ``tracing=True``).  ``options`` are ClientConfig fields."""
         if token is not None and (not isinstance(token, str) or not token):
             raise TypeError("token must be a non-empty str")
         for name, value in (("etcd_user", etcd_user), ("etcd_password", etcd_password)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise TypeError(f"{name} must be a non-empty str")
+        if tracer_provider is not None:
+            options = {**options, "tracing": True}
         config = from_mapping(ClientConfig, options, "BookKeeper.connect options")
+        tracing = None  # (without the otel extra: MissingExtraError before connecting)
+        if tracer_provider is not None:
+            tracing = Tracing.from_provider(tracer_provider)
+        elif config.tracing:
+            tracing = Tracing.from_global()
         rack_mapping = RackMapping.from_config(config)
         if rack_mapping is not None:  # a bad rack file: ConfigError before connecting
             await rack_mapping.load()
@@ -273,7 +286,8 @@ class BookKeeper:
             etcd_ssl = ssl
         meta = await open_metadata_store(metadata_uri, timeout_s=config.metadata_timeout_s,
                                          ssl=etcd_ssl, user=etcd_user, password=etcd_password)
-        bk = cls(meta, config, ssl=ssl, token=token, rack_mapping=rack_mapping)
+        bk = cls(meta, config, ssl=ssl, token=token, rack_mapping=rack_mapping,
+                 tracing=tracing)
         bk.bookies.start()
         return bk
 

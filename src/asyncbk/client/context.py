@@ -20,6 +20,7 @@ from ..meta.api import MetadataStore
 from ..net.pool import BookieClient
 from ..proto import BookieInfoRequest, BookieInfoResponse, Status
 from ..stats import LatencyHistogram
+from ..tracing import Tracing
 from ..types import BookieId
 from .bookies import WRITABLE_STATE, BookieWatcher
 from .placement import PlacementPolicy, Quarantine
@@ -54,6 +55,8 @@ class ClientContext:
     clock: Clock = LOOP_CLOCK
     logger: Callable[..., Any] = get_logger
     """``logger(**context)``: a structlog logger with ``context`` bound."""
+    tracing: Tracing | None = None
+    """Spans of appends, reads and recoveries (``ClientConfig.tracing``), or None."""
 
     def quarantine_bookie(self, bookie: BookieId) -> None:
         """Keep ``bookie``, which just failed, out of ensembles for a while."""

@@ -53,6 +53,7 @@ from ..errors import (
 from ..meta.model import Ensemble, Fragment, LedgerMetadata, LedgerState
 from ..net.adds import AddGroup
 from ..proto import AddFlag, AddResponse, Response, Status, WriteLacRequest
+from ..tracing import Span, Tracing
 from ..types import BookieId
 from .context import ClientContext
 from .placement import PlacementPolicy
@@ -77,12 +78,15 @@ ENSEMBLE_CHANGE_BACKOFF_S_INITIAL = 0.05
 """The first wait of an ensemble change with no replacement (doubling up to
 ``ensemble_change_backoff_s_max``; a registry change ends a wait early)."""
 
+_Outgoing = tuple[int, list[int], list[bytes], list[bytes] | None]
+"""A loop turn's sends to one bookie: its position, entry ids, bodies, trace contexts."""
+
 
 class _PendingAdd:
     """What the handle keeps of an entry until it completes (its acknowledgements are
     the write path's)."""
 
-    __slots__ = ("body", "entry_id", "future", "submitted_s", "total_length")
+    __slots__ = ("body", "entry_id", "future", "span", "submitted_s", "total_length", "trace")
 
     def __init__(self, entry_id: int, total_length: int, body: bytes,
                  future: asyncio.Future[int], submitted_s: float) -> None:
@@ -91,6 +95,10 @@ class _PendingAdd:
         self.body = body
         self.future = future
         self.submitted_s = submitted_s
+        self.span: Span = None
+        """Tracing: the append's span (None when the client does not trace)."""
+        self.trace = b""
+        """Tracing: the span's context, sent with the entry."""
 
 
 class LedgerHandle(ReadHandle):
@@ -112,6 +120,7 @@ class LedgerHandle(ReadHandle):
         self._loop = asyncio.get_running_loop()
         self._clock = ctx.clock
         self._now_s = loop_timer(ctx.clock, self._loop)
+        self._tracing = ctx.tracing
         self._recovery = recovery
         self._add_flags = AddFlag.RECOVERY_ADD if recovery else AddFlag.NONE
         self._writable_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
@@ -128,8 +137,9 @@ class LedgerHandle(ReadHandle):
         self._submitted_length = length
         self._error: BKError | None = None
         self._closing: asyncio.Future[None] | None = None
-        self._outbox: dict[BookieId, tuple[int, list[int], list[bytes]]] | None = None
-        """Sends queued this loop turn, by bookie: its position, entry ids, bodies."""
+        self._outbox: dict[BookieId, _Outgoing] | None = None
+        """Sends queued this loop turn, by bookie: its position, entry ids, bodies (and
+        their trace contexts, when tracing)."""
         self._outbox_lac = -1
         self._targets: list[_PositionTarget | None] = [None] * metadata.ensemble_size
         """Where each position's answers go (made again when its bookie changes)."""
@@ -210,7 +220,13 @@ class LedgerHandle(ReadHandle):
 
     def _enqueue(self, entry_id: int, total_length: int, body: bytes) -> asyncio.Future[int]:
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._ops.append(_PendingAdd(entry_id, total_length, body, fut, self._now_s()))
+        op = _PendingAdd(entry_id, total_length, body, fut, self._now_s())
+        if self._tracing is not None:
+            op.span = self._tracing.start("asyncbk.append", {
+                "asyncbk.ledger_id": self.id, "asyncbk.entry_id": entry_id,
+                "asyncbk.bytes": len(body), "asyncbk.recovery": self._recovery})
+            op.trace = Tracing.wire(op.span)
+        self._ops.append(op)
         if len(self._ops) >= self._pending_max:
             self._capacity.clear()
         self._apply(self._writes.submit(entry_id))
@@ -246,14 +262,18 @@ class LedgerHandle(ReadHandle):
         ops = self._ops
         first = ops[0].entry_id
         new: list[BookieId] = []
+        tracing = self._tracing is not None
         for entry_id, pos in sends:
             bookie = ensemble[pos]
             group = box.get(bookie)
             if group is None:
-                group = box[bookie] = (pos, [], [])
+                group = box[bookie] = (pos, [], [], [] if tracing else None)
                 new.append(bookie)
+            op = ops[entry_id - first]
             group[1].append(entry_id)
-            group[2].append(ops[entry_id - first].body)
+            group[2].append(op.body)
+            if tracing:
+                group[3].append(op.trace)  # type: ignore[union-attr]
         if lac > self._outbox_lac:
             self._outbox_lac = lac
         client = self._ctx.bookie_client
@@ -273,12 +293,12 @@ class LedgerHandle(ReadHandle):
             self._outbox_lac = -1
         if group is None or self._error is not None:
             return []
-        pos, entry_ids, bodies = group
+        pos, entry_ids, bodies, traces = group
         target = self._targets[pos]
         if target is None or target.bookie != bookie:
             target = self._targets[pos] = _PositionTarget(self, pos, bookie)
         return [AddGroup(self.id, self._master_key, self._add_flags, lac, entry_ids, bodies,
-                         target, self._ctx.config.add_timeout_s)]
+                         target, self._ctx.config.add_timeout_s, traces)]
 
     def _complete(self, entry_ids: tuple[int, ...]) -> None:
         ops = self._ops
@@ -290,6 +310,8 @@ class LedgerHandle(ReadHandle):
                 invariant(False, f"ledger {self.id}: completing entry {entry_id}, "
                           f"the oldest pending is {op.entry_id}")
             stats.add_latency.observe(now_s - op.submitted_s)
+            if op.span is not None:
+                op.span.end()
             self._lac = entry_id
             self._length = op.total_length
             if not op.future.done():  # (the application may have cancelled it)
@@ -308,6 +330,8 @@ class LedgerHandle(ReadHandle):
         self._writes.fail_all()
         ops, self._ops = self._ops, collections.deque()
         for op in ops:
+            if op.span is not None and self._tracing is not None:
+                self._tracing.failed(op.span, error)
             if not op.future.done():
                 op.future.set_exception(error)
                 # The application may never await a failed append; don't warn about it.

@@ -57,6 +57,21 @@ class LedgerRecoveryOp:
         self._log = ctx.logger(ledger_id=md.ledger_id)
 
     async def run(self) -> LedgerMetadata:
+        tracing = self._ctx.tracing
+        if tracing is None:
+            return await self._run()
+        # (the fencing reads, recovery reads and re-writes are children of this span)
+        with tracing.current("asyncbk.recovery",
+                             {"asyncbk.ledger_id": self._md.ledger_id}) as span:
+            closed = await self._run()
+            span.set_attribute("asyncbk.last_entry_id", closed.last_entry_id)
+            return closed
+
+    def _trace(self) -> bytes:
+        tracing = self._ctx.tracing
+        return b"" if tracing is None else tracing.current_wire()
+
+    async def _run(self) -> LedgerMetadata:
         md = await self._mark_in_recovery(self._md)
         if md.is_closed:
             return md
@@ -115,7 +130,8 @@ class LedgerRecoveryOp:
         for pos, bookie in enumerate(ensemble):
             ch = self._ctx.bookie_client.channel(bookie)
             inflight[ch.request(ReadRequest(ch.next_request_id(), md.ledger_id, -1,
-                                            ReadFlag.FENCE, self._master_key), timeout_s)] = pos
+                                            ReadFlag.FENCE, self._master_key, self._trace()),
+                                timeout_s)] = pos
         answered: set[int] = set()
         lac = -1
         errors: list[str] = []
@@ -185,7 +201,8 @@ class LedgerRecoveryOp:
             # Recovery reads fence too: a bookie that missed the fence (it was down)
             # must not accept the old writer's adds once it answers us.
             inflight[ch.request(ReadRequest(ch.next_request_id(), md.ledger_id, entry_id,
-                                            ReadFlag.FENCE, self._master_key), timeout_s)] = pos
+                                            ReadFlag.FENCE, self._master_key, self._trace()),
+                                timeout_s)] = pos
         missing = 0
         errors: list[str] = []
         refused = False

@@ -46,6 +46,9 @@ class AddGroup(NamedTuple):
     target: AddTarget
     timeout_s: float
     """Each add fails with TimeoutError if not answered this long after it was queued."""
+    traces: list[bytes] | None = None
+    """Tracing: each entry's span context (or b""), in the order of ``entry_ids``;
+    None when the sender does not trace (the frames are then the hot path's)."""
 
 
 class AddSource(Protocol):

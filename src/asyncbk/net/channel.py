@@ -48,7 +48,9 @@ from ..errors import (
 )
 from ..log import get_logger
 from ..proto import (
+    AddBatchRequest,
     AddBatchResponse,
+    AddRequest,
     AddResponse,
     AuthRequest,
     FrameDecoder,
@@ -602,13 +604,13 @@ class BookieChannel(asyncio.Protocol):
         frame limit goes on its own, or the batch's frame would pass the bookie's
         limit); a lone entry as an ADD, cheaper to frame and to answer than a batch of
         one."""
-        ledger_id, master_key, flags, lac, entry_ids, bodies, target, _ = group
+        ledger_id, master_key, flags, lac, entry_ids, bodies, target, _, traces = group
         pending = self._pending
         out = self._unsent
         count = len(entry_ids)
         bytes_max = min(ADD_BATCH_BYTES_MAX, self._frame_bytes_max // 2)
         if count <= ADD_BATCH_ENTRIES_MAX and nbytes <= bytes_max:  # (the usual case)
-            parts = [(entry_ids, bodies)]
+            parts = [(0, count)]
         else:
             parts = []
             i = 0
@@ -619,20 +621,28 @@ class BookieChannel(asyncio.Protocol):
                         and size + len(bodies[j]) <= bytes_max:
                     size += len(bodies[j])
                     j += 1
-                parts.append((entry_ids[i:j], bodies[i:j]))
+                parts.append((i, j))
                 i = j
-        for ids, part in parts:
+        for i, j in parts:
+            ids, part = (entry_ids, bodies) if j - i == count else \
+                (entry_ids[i:j], bodies[i:j])
             rid = next(self._request_ids)
-            if len(ids) == 1:
+            if traces is not None:  # (tracing: the general encoder, with the contexts)
+                out.append(encode_request(
+                    AddRequest(rid, ledger_id, ids[0], master_key, flags, lac, part[0],
+                               traces[i]) if len(ids) == 1 else
+                    AddBatchRequest(rid, ledger_id, master_key, flags, lac, ids, part,
+                                    traces[i:j])))
+                op = Op.ADD if len(ids) == 1 else Op.ADD_BATCH
+            elif len(ids) == 1:
                 out.extend(add_request_frame(rid, add_request_tail(
                     ledger_id, ids[0], master_key, flags, lac, part[0])))
-                pending[rid] = _Pending(GroupCallback(target, ledger_id, ids), deadline_s,
-                                        Op.ADD)
+                op = Op.ADD
             else:
                 out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac,
                                                     ids, part))
-                pending[rid] = _Pending(GroupCallback(target, ledger_id, ids), deadline_s,
-                                        Op.ADD_BATCH)
+                op = Op.ADD_BATCH
+            pending[rid] = _Pending(GroupCallback(target, ledger_id, ids), deadline_s, op)
 
     def _flush(self) -> None:
         connected = self._transport is not None

@@ -44,6 +44,7 @@ from ...clock import Clock
 from ...config import BookieConfig
 from ...log import get_logger
 from ..fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload
+from ..journal import JournalSync
 from .api import LedgerInfo
 from .ledger_storage import LedgerStorage
 from .recovery import KVOpener
@@ -163,20 +164,20 @@ class MultiDirStorage:
         return all(p.full for p in self._parts)
 
     def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes,
-                  body: bytes) -> asyncio.Future[None]:
+                  body: bytes) -> asyncio.Future[JournalSync]:
         return self._place(ledger_id).add_entry(ledger_id, entry_id, master_key, body)
 
     def add_entries(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
-                    bodies: list[bytes]) -> asyncio.Future[None]:
+                    bodies: list[bytes]) -> asyncio.Future[JournalSync]:
         return self._place(ledger_id).add_entries(ledger_id, entry_ids, master_key, bodies)
 
-    def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[None]:
+    def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[JournalSync]:
         return self._place(ledger_id).fence(ledger_id, master_key)
 
     def update_lac(self, ledger_id: int, lac: int) -> bool:
         return self._holder(ledger_id).update_lac(ledger_id, lac)
 
-    def write_explicit_lac(self, ledger_id: int, lac: int) -> asyncio.Future[None]:
+    def write_explicit_lac(self, ledger_id: int, lac: int) -> asyncio.Future[JournalSync]:
         return self._holder(ledger_id).write_explicit_lac(ledger_id, lac)
 
     async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:

@@ -20,7 +20,7 @@ from ...errors import BadRequestError, BookieIOError, NoSuchEntryError, NoSuchLe
 from ...log import get_logger
 from ...types import LAST_ENTRY_ID
 from ..fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload, Worker
-from ..journal import Journal
+from ..journal import Journal, JournalSync
 from ..journal_format import (
     ADD_RECORD_OVERHEAD_BYTES,
     TYPE_ADD,
@@ -261,7 +261,7 @@ class LedgerStorage:
         return info
 
     def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes,
-                  body: bytes) -> asyncio.Future[None]:
+                  body: bytes) -> asyncio.Future[JournalSync]:
         """Not a coroutine.  Registers the ledger (with ``master_key``) if new and
         queues a journal record; the future resolves once the record is fsynced
         AND the entry is readable via :meth:`read_entry`.
@@ -287,7 +287,7 @@ class LedgerStorage:
         return fut
 
     def add_entries(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
-                    bodies: list[bytes]) -> asyncio.Future[None]:
+                    bodies: list[bytes]) -> asyncio.Future[JournalSync]:
         """:meth:`add_entry` for many entries of one ledger, with one future (resolved
         once every record is fsynced and every entry readable), queued all or none."""
         self._check_open()
@@ -304,7 +304,7 @@ class LedgerStorage:
         self._adds += len(records)
         return fut
 
-    def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[None]:
+    def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[JournalSync]:
         """Set fenced=True at once in memory (so later adds see it) and journal
         a FENCE record; resolves after its fsync.  The journal being FIFO,
         every add queued before the fence is durable and readable by then.
@@ -334,7 +334,7 @@ class LedgerStorage:
             return True
         return False
 
-    def write_explicit_lac(self, ledger_id: int, lac: int) -> asyncio.Future[None]:
+    def write_explicit_lac(self, ledger_id: int, lac: int) -> asyncio.Future[JournalSync]:
         """Journal an explicit LAC (durable when the future resolves); the
         in-memory LAC and explicit LAC are raised at once."""
         self._check_open()
@@ -427,13 +427,13 @@ class LedgerStorage:
 
     # --- deletion and compaction ----------------------------------------------
 
-    def delete_ledger(self, ledger_id: int) -> asyncio.Future[None]:
+    def delete_ledger(self, ledger_id: int) -> asyncio.Future[Any]:
         """Forget a ledger (garbage collection): unreadable at once, its deletion
         journaled; its space is reclaimed when its entry logs are compacted."""
         self._check_open()
         info = self._ledgers.pop(ledger_id, None)
         if info is None:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             fut.set_result(None)
             return fut
         dropped = self._index.delete_ledger(ledger_id)  # on disk: hidden until the writer
