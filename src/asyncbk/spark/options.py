@@ -36,11 +36,11 @@ KNOWN = {
     "etcdtlscafile", "etcdtlscertfile", "etcdtlskeyfile", "includeheaders",
     "startingtimestamp", "endingtimestamp", "startingpositionsbytimestamp",
     "maxbytespertrigger", "minrecordspertrigger", "maxtriggerdelay", "subscription",
-    "createstreams", "objectstorecredentialsfile",
+    "createstreams", "objectstorecredentialsfile", "tracing",
 }
 SECURITY = {"tlscafile", "tlscertfile", "tlskeyfile", "authtokenfile", "etcduser",
             "etcdpasswordfile", "etcdtlscafile", "etcdtlscertfile", "etcdtlskeyfile",
-            "objectstorecredentialsfile"}
+            "objectstorecredentialsfile", "tracing"}
 """Lower-cased names this source knows (``path`` is what ``load(x)``/``save(x)`` set)."""
 
 GLOB_CHARS = set("*?[")
@@ -99,6 +99,10 @@ class Credentials:
     object_store_credentials_file: str = ""
     """Tiered storage: the credentials tasks read offloaded segments with (default:
     the ``AWS_*`` variables of the worker processes)."""
+    tracing: bool = False
+    """Not a credential, but like them a setting of the tasks' clients (option
+    ``tracing``): OpenTelemetry spans of each task's read and its requests, exported as
+    ``ASYNCBK_OTEL_EXPORTER`` says in the worker processes (see asyncbk.tracing)."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,9 @@ def _security(options: Mapping[str, Any]) -> dict[str, Any]:
     ``tlsCaFile``)."""
     out: dict[str, Any] = {}
     for f in fields(Credentials):
+        if f.name == "tracing":
+            out["tracing"] = _bool(options, "tracing", False)
+            continue
         head, *rest = f.name.split("_")
         value = _get(options, head + "".join(w.capitalize() for w in rest))
         if value is not None and value.strip():

@@ -40,6 +40,7 @@ from ..errors import BKError, BookieUnavailableError, MetadataError, NoSuchNames
 from ..net.etcd_security import etcd_security
 from ..net.security import client_context, read_token
 from ..stream.context import StreamContext, open_context
+from ..tracing import configure_from_env as configure_tracing_from_env
 from .errors import SparkOptionError
 from .options import ReadOptions, WriteOptions
 
@@ -67,6 +68,9 @@ def _security(access: Access) -> dict[str, Any]:
         fallback_cert=access.tls_cert_file, fallback_key=access.tls_key_file).connect_options())
     if access.object_store_credentials_file:
         security["object_store_credentials_file"] = access.object_store_credentials_file
+    if access.tracing:  # spans exported as ASYNCBK_OTEL_EXPORTER says (a worker's own)
+        configure_tracing_from_env("asyncbk-spark")
+        security["tracing"] = True
     return security
 
 
@@ -104,7 +108,8 @@ def _client_key(access: Access) -> tuple[Any, ...]:
              access.auth_token_file, access.etcd_password_file, access.etcd_tls_ca_file,
              access.etcd_tls_cert_file, access.etcd_tls_key_file,
              access.object_store_credentials_file)
-    return (access.metadata_uri, access.etcd_user, *(_file_stamp(f) for f in files if f))
+    return (access.metadata_uri, access.etcd_user, access.tracing,
+            *(_file_stamp(f) for f in files if f))
 
 
 class WorkerLoop:

@@ -16,9 +16,10 @@ they are used and never pickled.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,10 +238,17 @@ async def _plan_batch(bk: BookKeeper, opts: ReadOptions) -> list[AsyncbkPartitio
     return await _partitions(ranges, opts)
 
 
-async def _read_slices(bk: BookKeeper, namespace: str, part: Part,
-                       opts: ReadOptions) -> AsyncGenerator[pa.RecordBatch, None]:
-    """The records of ``part`` as Arrow batches, in position order."""
+async def _read_slices(bk: BookKeeper, namespace: str, part: Part, opts: ReadOptions,
+                       task_context: contextvars.Context | None = None,
+                       ) -> AsyncGenerator[pa.RecordBatch, None]:
+    """The records of ``part`` as Arrow batches, in position order (the reads run in
+    ``task_context`` if given: with the task's tracing span current)."""
     stream = part.stream
+    loop = asyncio.get_running_loop()
+
+    def start(coro: Coroutine[Any, Any, list[Any]]) -> asyncio.Task[list[Any]]:
+        return loop.create_task(coro, context=task_context)
+
     for sl in part.slices:
         try:
             rh = await open_slice(bk, sl)
@@ -264,8 +272,8 @@ async def _read_slices(bk: BookKeeper, namespace: str, part: Part,
         pending: asyncio.Task[Any] | None = None
         try:
             for i, (lo, hi) in enumerate(windows):
-                current = pending or asyncio.ensure_future(rh.read_unconfirmed(lo, hi))
-                pending = (asyncio.ensure_future(rh.read_unconfirmed(*windows[i + 1]))
+                current = pending or start(rh.read_unconfirmed(lo, hi))
+                pending = (start(rh.read_unconfirmed(*windows[i + 1]))
                            if i + 1 < len(windows) else None)
                 entries = await current
                 yield _stream_batch(stream, namespace, sl, entries, opts.include_headers)
@@ -294,7 +302,24 @@ def _read_partition(opts: ReadOptions, partition: AsyncbkPartition) -> Iterator[
         return
     with TaskLoop(opts) as tl:
         assert tl.bk is not None and opts.namespace is not None
-        yield from tl.iterate(_read_slices(tl.bk, opts.namespace, part, opts))
+        tracing = tl.bk.context.tracing
+        if tracing is None:
+            yield from tl.iterate(_read_slices(tl.bk, opts.namespace, part, opts))
+            return
+        span = tracing.start("asyncbk.spark.read", {
+            "asyncbk.namespace": opts.namespace, "asyncbk.stream": part.stream,
+            "asyncbk.start": str(part.start), "asyncbk.end": str(part.end)})
+        rows = 0
+        try:
+            for batch in tl.iterate(_read_slices(tl.bk, opts.namespace, part, opts,
+                                                 tracing.context_of(span))):
+                rows += batch.num_rows
+                yield batch
+        except BaseException as exc:
+            tracing.failed(span, exc)
+            raise
+        span.set_attribute("asyncbk.records", rows)
+        span.end()
 
 
 class StreamBatchReader(DataSourceReader):
