@@ -376,3 +376,35 @@ def test_bad_security_settings_stop_the_bookie_with_one_line(tmp_path: Path, fla
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "etcd" not in lines[0], r.stderr
     assert not (tmp_path / "j").exists()
+
+
+async def test_decommission_reaches_a_bookie_with_tls_and_a_token(secure: LocalCluster) -> None:
+    """``shell decommission`` switches the bookie read-only through its HTTPS admin
+    endpoint with the command's CA and token (a bookie with a tokens file asks for it),
+    then copies what it holds; without the token, one line says what to give."""
+    bk = await secure.client()
+    lh = await bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"p")
+    for i in range(20):
+        await lh.append(b"e%d" % i)
+    await lh.close()
+    leaving = secure.bookies[0]
+    options = secure.client_options()
+    token_at = options.index("--auth-token-file")
+    without_token = options[:token_at] + options[token_at + 2:]
+
+    def decommission(*opts: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "asyncbk", "shell", "decommission",
+                               leaving.id, "--metadata-uri", secure.metadata_uri, *opts],
+                              capture_output=True, text=True, env=cli_env(), timeout=120)
+
+    refused = await asyncio.to_thread(decommission, *without_token)
+    assert refused.returncode == 1
+    assert "refused this command's token" in refused.stderr and "--auth-token-file" in \
+        refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and TOKEN not in refused.stderr
+    done = await asyncio.to_thread(decommission, *options)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "is read-only" in done.stdout and "deleted the cookie" in done.stdout
+    assert leaving.id not in (await bk.ledger_metadata(lh.id)).all_bookies()
+    rh = await bk.open_ledger(lh.id, password=b"p")
+    assert [e.data for e in await rh.read(0, 19)] == [b"e%d" % i for i in range(20)]

@@ -33,7 +33,7 @@ from .common import (
     require_cluster,
     run_async,
 )
-from .security import add_client_security_options
+from .security import add_client_security_options, client_security
 from .shell_admin import ask_bookie_info
 
 
@@ -66,9 +66,9 @@ def add_commands(sub: Subparsers) -> None:
     p = command("listledgers", "list ledger ids")
     p.add_argument("--meta", action="store_true", help="print each ledger's metadata too")
     p = command("ledgermetadata", "print one ledger's metadata as JSON")
-    p.add_argument("ledger_id", type=int)
+    p.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
     p = command("readledger", "read entries of a ledger")
-    p.add_argument("ledger_id", type=int)
+    p.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--last", type=int, default=None, help="default: the last confirmed entry")
     p.add_argument("--password", default="", help="the ledger's password (text)")
@@ -330,6 +330,36 @@ async def _bookie_admin(bk: Any, bookie: str) -> str:
     return str(url)
 
 
+async def _make_read_only(args: argparse.Namespace, url: str) -> None:
+    """PUT the bookie's state read-only at its admin endpoint ``url``, with this
+    command's TLS (the CA that signed the bookie: its endpoint is HTTPS when the bookie
+    has TLS) and token (asked for by a bookie with a tokens file)."""
+    import aiohttp
+
+    security = await asyncio.to_thread(client_security, args)
+    headers = {"Authorization": f"Bearer {security['token']}"} if security["token"] else {}
+    ssl = security["ssl"] if url.startswith("https:") and security["ssl"] is not None \
+        else True  # (aiohttp's default: the system's CAs)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s, \
+                s.put(f"{url}/api/v1/bookie/state", json={"read_only": True},
+                      headers=headers, ssl=ssl) as r:
+            if r.status == 401:
+                raise CliError(f"the admin endpoint of {args.bookie_id} refused this "
+                               "command's token: give the bookies' token with "
+                               "--auth-token-file (or ASYNCBK_AUTH_TOKEN)")
+            if r.status != 200:
+                raise CliError(f"could not make {args.bookie_id} read-only: "
+                               f"{r.status} {await r.text()}")
+    except aiohttp.ClientSSLError as exc:
+        raise CliError(f"TLS with the admin endpoint of {args.bookie_id} ({url}) failed: "
+                       f"{exc}; give the CA that signed the bookies with --tls-ca") from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise CliError(f"cannot reach the admin endpoint of {args.bookie_id} "
+                       f"({url}): {exc}; is the bookie running? (for a dead "
+                       "bookie use: asyncbk shell recover)") from None
+
+
 async def _bookiesanity(bk: Any, bookie: str, entries: int) -> bool:
     import os as _os
 
@@ -456,20 +486,8 @@ def run(args: argparse.Namespace) -> int:
                 return 1 if await _recover(bk, args.bookie_id, args.rate, args.dry_run,
                                            args.skip_open) else 0
             elif cmd == "decommission":
-                import aiohttp
-
                 url = await _bookie_admin(bk, args.bookie_id)
-                try:
-                    async with aiohttp.ClientSession(
-                            timeout=aiohttp.ClientTimeout(total=10)) as s, \
-                            s.put(f"{url}/api/v1/bookie/state", json={"read_only": True}) as r:
-                        if r.status != 200:
-                            raise CliError(f"could not make {args.bookie_id} read-only: "
-                                           f"{r.status} {await r.text()}")
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    raise CliError(f"cannot reach the admin endpoint of {args.bookie_id} "
-                                   f"({url}): {exc}; is the bookie running? (for a dead "
-                                   "bookie use: asyncbk shell recover)") from None
+                await _make_read_only(args, url)
                 print(f"{args.bookie_id} is read-only")
                 if await _recover(bk, args.bookie_id, args.rate, False, False):
                     raise CliError("some ledgers could not be copied; run decommission again")
