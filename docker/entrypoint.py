@@ -29,6 +29,9 @@ import sys
 from collections.abc import Mapping, Sequence
 
 PREFIX = "ASYNCBK_"
+NOT_FROM_ENV = {"--check-config"}
+"""Options a variable never sets: a stray ASYNCBK_CHECK_CONFIG would turn every
+container into a dry run that exits at once (give it on the command line)."""
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off"}
 
@@ -72,7 +75,8 @@ def env_options(parser: argparse.ArgumentParser, args: Sequence[str],
                                argparse._SubParsersAction)):
             continue
         longs = [o for o in action.option_strings if o.startswith("--")]
-        if not longs or given.intersection(action.option_strings):
+        if not longs or given.intersection(action.option_strings) \
+                or NOT_FROM_ENV.intersection(longs):
             continue
         option = longs[0]
         name = env_name(option)

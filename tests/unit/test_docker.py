@@ -349,6 +349,16 @@ def test_entrypoint_puts_environment_options_before_the_command_lines(
     assert entrypoint.build_argv(["bookie", "--port=3182"], env).count("3181") == 0
 
 
+def test_entrypoint_never_makes_a_dry_run_from_a_variable(entrypoint: ModuleType) -> None:
+    """A stray ASYNCBK_CHECK_CONFIG must not turn a server into a dry run that exits."""
+    env = {"ASYNCBK_PORT": "3181", "ASYNCBK_CHECK_CONFIG": "files",
+           "ASYNCBK_OTEL_EXPORTER": "otlp"}
+    assert entrypoint.build_argv(["bookie"], env) == ["bookie", "--port", "3181",
+                                                      "--otel-exporter", "otlp"]
+    assert entrypoint.build_argv(["bookie", "--check-config"], env) == [
+        "bookie", "--port", "3181", "--otel-exporter", "otlp", "--check-config"]
+
+
 def test_entrypoint_reaches_subcommands_and_leaves_bare_calls_alone(
         entrypoint: ModuleType) -> None:
     env = {"ASYNCBK_METADATA_URI": "etcds://e:2379/x", "ASYNCBK_TLS_CA": "/tls/ca.pem",
