@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 import pytest_asyncio
+import structlog
 from hypothesis import HealthCheck, settings
 
 # The machine is shared and noisy: a property test's examples are judged on their
@@ -31,6 +32,20 @@ async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
 
 
 _FINDINGS = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """A test that runs a command in this process (``asyncbk.cli.main.main``) configures
+    structlog for a process (a level, stderr as it was then): undo it, so the next
+    tests' loggers (and ``capture_logs``) are as they would be alone."""
+    configured = structlog.is_configured()
+    saved = structlog.get_config()
+    yield
+    if structlog.get_config() != saved or structlog.is_configured() != configured:
+        structlog.reset_defaults()
+        if configured:
+            structlog.configure(**saved)
 
 
 @pytest.fixture
