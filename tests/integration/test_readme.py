@@ -156,7 +156,7 @@ def readme_commands() -> dict[tuple[str, ...], set[str]]:
                     options.update(re.findall(r"--[a-z][a-z-]*", span))  # subcommand's
         if row.startswith("| `asyncbk shell "):
             description = row.split("|")[2]
-            for name in re.findall(r"`([a-z]+)`", description):
+            for name in re.findall(r"`([a-z_]+)(?: [A-Z_]+)?`", description):
                 commands.setdefault(("shell", name), set())
     return commands
 
