@@ -73,6 +73,17 @@ def bench_spark(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_tracing(session: nox.Session) -> None:
+    """What tracing costs on the append path: the code before tracing, this code with
+    tracing off, and with it on (spans from the client and the bookies), in interleaved
+    rounds of a fresh local cluster each (about 3 minutes).  ``nox -s bench_tracing --
+    --rounds 9`` for more rounds."""
+    session.install("-e", ".[bench,otel]")
+    session.run("python", "benchmarks/tracing.py", "--json", "bench-results/tracing.json",
+                *session.posargs)
+
+
+@nox.session
 def bench_placement(session: nox.Session) -> None:
     """Write throughput and latency of the placement policies (random, rack-aware,
     region-aware) in the same run, on six bookies in 2 regions x 3 racks, each on a host
