@@ -12,7 +12,10 @@ order):
 * ``on``: this tree, the client traced through an SDK tracer provider (batch span
   processor, spans written to /dev/null as JSON lines) and the bookies with
   ``otel_exporter = "jsonl:/dev/null"``: every append makes a client span, two bookie
-  spans and two journal spans.
+  spans and two journal spans;
+* ``sampled``: as ``on``, with the provider sampling 1 trace in 100 (OpenTelemetry's
+  ``TraceIdRatioBased(0.01)``), as a busy application would: the others make
+  non-recording spans on the client and send no context.
 
 Reports the median of each variant's throughput and latency percentiles, and each as
 a ratio to ``before`` measured in the same run.
@@ -46,11 +49,13 @@ variant, entries, inflight, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3
 
 async def main():
     options, bookie_config = {}, {}
-    if variant == "on":
+    if variant in ("on", "sampled"):
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON, TraceIdRatioBased
         from asyncbk.tracing import JsonLinesExporter
-        provider = TracerProvider()
+        provider = TracerProvider(sampler=ALWAYS_ON if variant == "on"
+                                  else TraceIdRatioBased(0.01))
         provider.add_span_processor(BatchSpanProcessor(JsonLinesExporter("/dev/null")))
         options["tracer_provider"] = provider
         bookie_config["otel_exporter"] = "jsonl:/dev/null"
@@ -66,10 +71,11 @@ async def main():
             latencies = []
             pending = []
             start = loop.time()
+            clock = time.perf_counter
             for _ in range(entries):
-                t0 = loop.time()
+                t0 = clock()
                 fut = lh.append(data)
-                fut.add_done_callback(lambda f, t0=t0: latencies.append(loop.time() - t0))
+                fut.add_done_callback(lambda f, t0=t0: latencies.append(clock() - t0))
                 pending.append(fut)
                 if len(pending) >= inflight:
                     await pending.pop(0)
@@ -127,15 +133,17 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the results to this file")
     args = p.parse_args()
     base = args.base or before_commit()
-    results: dict[str, list[dict[str, Any]]] = {"before": [], "off": [], "on": []}
+    results: dict[str, list[dict[str, Any]]] = {"before": [], "off": [], "sampled": [],
+                                                 "on": []}
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {"before": export_src(base, Path(tmp)), "off": ROOT / "src", "on": ROOT / "src"}
+        trees = {"before": export_src(base, Path(tmp)), "off": ROOT / "src",
+                 "sampled": ROOT / "src", "on": ROOT / "src"}
         order = list(results)
         for rnd in range(args.rounds):
-            for variant in order[rnd % 3:] + order[:rnd % 3]:
+            for variant in order[rnd % 4:] + order[:rnd % 4]:
                 r = run_variant(variant, trees[variant], args)
                 results[variant].append(r)
-                print(f"round {rnd + 1} {variant:6} {r['throughput']:9.0f}/s  "
+                print(f"round {rnd + 1} {variant:7} {r['throughput']:9.0f}/s  "
                       f"p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms", flush=True)
     summary: dict[str, dict[str, float]] = {}
     for variant, runs in results.items():
@@ -145,7 +153,7 @@ def main() -> None:
           f"bytes, {args.inflight} in flight; ratios to 'before' ({base}):")
     for variant, m in summary.items():
         ratios = {k: m[k] / summary["before"][k] for k in m}
-        print(f"{variant:6} {m['throughput']:9.0f}/s ({ratios['throughput']:.3f}x)  "
+        print(f"{variant:7} {m['throughput']:9.0f}/s ({ratios['throughput']:.3f}x)  "
               f"p50 {m['p50_ms']:6.2f} ms ({ratios['p50_ms']:.3f}x)  "
               f"p99 {m['p99_ms']:6.2f} ms ({ratios['p99_ms']:.3f}x)")
     if args.json:

@@ -297,6 +297,8 @@ class LedgerHandle(ReadHandle):
         target = self._targets[pos]
         if target is None or target.bookie != bookie:
             target = self._targets[pos] = _PositionTarget(self, pos, bookie)
+        if traces is not None and not any(traces):  # (none sampled: the hot path's frames)
+            traces = None
         return [AddGroup(self.id, self._master_key, self._add_flags, lac, entry_ids, bodies,
                          target, self._ctx.config.add_timeout_s, traces)]
 
