@@ -154,7 +154,7 @@ async def test_standalone_runs_and_stops_cleanly(tmp_path: Path) -> None:
             await asyncio.open_connection("127.0.0.1", port)
 
 
-async def test_shell_commands_against_a_cluster(cluster: LocalCluster) -> None:
+async def test_shell_commands_against_a_cluster(cluster: LocalCluster, tmp_path: Path) -> None:
     bk = await cluster.client()
     lh = await bk.create_ledger(3, 2, 2, password=b"pw")
     for i in range(3):
@@ -167,9 +167,17 @@ async def test_shell_commands_against_a_cluster(cluster: LocalCluster) -> None:
                                 str(lh.id))
     md = json.loads(r.stdout)
     assert md["state"] == "CLOSED" and md["last_entry_id"] == 2
+    password_file = tmp_path / "password"
+    password_file.write_text("pw\n")
     r = await asyncio.to_thread(run_cli, "shell", "readledger", "--metadata-uri", uri,
-                                str(lh.id), "--password", "pw")
+                                str(lh.id), "--password-file", str(password_file))
     assert r.stdout.splitlines() == ["0\tline 0", "1\tline 1", "2\tline 2"]
+    r = await asyncio.to_thread(run_cli, "shell", "readledger", "--metadata-uri", uri,
+                                str(lh.id), env={**cli_env(), "ASYNCBK_LEDGER_PASSWORD": "pw"})
+    assert r.stdout.splitlines() == ["0\tline 0", "1\tline 1", "2\tline 2"]
+    r = await asyncio.to_thread(run_cli, "shell", "readledger", "--metadata-uri", uri,
+                                str(lh.id))  # no password: refused, in one line
+    assert "pw" not in one_line_error(r)
     r = await asyncio.to_thread(run_cli, "shell", "ledgermetadata", "--metadata-uri", uri,
                                 "999999999")
     assert r.returncode == 1 and "999999999" in r.stderr

@@ -71,7 +71,10 @@ def add_commands(sub: Subparsers) -> None:
     p.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--last", type=int, default=None, help="default: the last confirmed entry")
-    p.add_argument("--password", default="", help="the ledger's password (text)")
+    p.add_argument("--password-file", metavar="FILE", default=None,
+                   help="a file whose first line is the ledger's password (or the "
+                   "ASYNCBK_LEDGER_PASSWORD variable; never the password itself on the "
+                   "command line, where other users see it; default: no password)")
     p.add_argument("--format", choices=["text", "hex", "json"], default="text")
     p = command("deleteledger", "delete a ledger (its metadata; bookies reclaim the space "
                 "later); asks first unless --force")
@@ -330,6 +333,21 @@ async def _bookie_admin(bk: Any, bookie: str) -> str:
     return str(url)
 
 
+LEDGER_PASSWORD_ENV = "ASYNCBK_LEDGER_PASSWORD"
+
+
+def _ledger_password(path: str | None) -> bytes:
+    """``readledger``'s password: the first line of ``path``, else the variable, else
+    none (a ledger made without one)."""
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.readline().rstrip("\r\n").encode()
+        except OSError as exc:
+            raise CliError(f"cannot read the password file {path}: {exc.strerror}") from None
+    return os.environ.get(LEDGER_PASSWORD_ENV, "").encode()
+
+
 async def _make_read_only(args: argparse.Namespace, url: str) -> None:
     """PUT the bookie's state read-only at its admin endpoint ``url``, with this
     command's TLS (the CA that signed the bookie: its endpoint is HTTPS when the bookie
@@ -437,7 +455,8 @@ def run(args: argparse.Namespace) -> int:
             elif cmd == "ledgermetadata":
                 print(json.dumps(_md_json(await bk.ledger_metadata(args.ledger_id)), indent=2))
             elif cmd == "readledger":
-                rh = await bk.open_ledger(args.ledger_id, password=args.password.encode(),
+                password = await asyncio.to_thread(_ledger_password, args.password_file)
+                rh = await bk.open_ledger(args.ledger_id, password=password,
                                           recovery=False)
                 last = rh.last_add_confirmed if args.last is None else args.last
                 if last >= args.first:
