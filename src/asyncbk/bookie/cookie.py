@@ -128,7 +128,9 @@ def _read_local(io: FileIO, path: Path) -> Cookie | None:
     return Cookie.from_bytes(data, str(f))
 
 
-def _write_local(io: FileIO, path: Path, cookie: Cookie) -> None:
+def write_local_cookie(io: FileIO, path: Path, cookie: Cookie) -> None:
+    """``path/COOKIE`` replaced atomically and durably (a temporary file, fdatasync,
+    rename, directory fsync)."""
     io.makedirs(path)
     tmp = path / (COOKIE_FILE + ".tmp")
     fd = io.create(tmp, exclusive=False)
@@ -143,7 +145,7 @@ def _write_local(io: FileIO, path: Path, cookie: Cookie) -> None:
 
 def _write_all(io: FileIO, directories: Sequence[Path], cookie: Cookie) -> None:
     for d in directories:
-        _write_local(io, d, cookie)
+        write_local_cookie(io, d, cookie)
 
 
 class CookieMetadata(CookieStore, BookieRegistry, Protocol):

@@ -22,7 +22,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..bookie.cookie import COOKIE_FILE, LOCK_FILE, Cookie
+from ..bookie.cookie import COOKIE_FILE, LOCK_FILE, Cookie, write_local_cookie
+from ..bookie.fileio import OS_FILE_IO
 from ..errors import BKError, CookieError, MetadataVersionError, NoSuchLedgerError
 from .common import CliError
 
@@ -336,24 +337,6 @@ def _locked(directories: Sequence[Path]) -> Iterator[None]:
             os.close(fd)
 
 
-def _write_local(d: Path, cookie: Cookie) -> None:
-    """``d/COOKIE`` replaced atomically and durably (temporary file, fsync, rename,
-    directory fsync), as the bookie writes it."""
-    tmp = d / (COOKIE_FILE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, cookie.to_bytes())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, d / COOKIE_FILE)
-    dfd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def _check_update(bookie: str, remote: Cookie, journal: list[Path], ledger: list[Path],
                   local: dict[Path, Cookie | None]) -> None:
     """CliError unless the directories may be recorded for ``bookie``."""
@@ -415,7 +398,7 @@ async def cookie_update(bk: Any, args: argparse.Namespace) -> int:
             return 0
         def write_all() -> None:
             for d in stale:
-                _write_local(d, new)
+                write_local_cookie(OS_FILE_IO, d, new)
 
         await asyncio.to_thread(write_all)
         if remote != new:
