@@ -51,11 +51,11 @@ from ..errors import (
     invariant,
 )
 from ..meta.model import Ensemble, Fragment, LedgerMetadata, LedgerState
-from ..net.adds import AddGroup
 from ..proto import AddFlag, AddResponse, Response, Status, WriteLacRequest
 from ..tracing import Span, Tracing
 from ..types import BookieId
 from .context import ClientContext
+from .outbox import Outbox
 from .placement import PlacementPolicy
 from .read_handle import (
     FRAME_OVERHEAD_BYTES_MAX,
@@ -78,8 +78,6 @@ ENSEMBLE_CHANGE_BACKOFF_S_INITIAL = 0.05
 """The first wait of an ensemble change with no replacement (doubling up to
 ``ensemble_change_backoff_s_max``; a registry change ends a wait early)."""
 
-_Outgoing = tuple[int, list[int], list[bytes], list[bytes] | None]
-"""A loop turn's sends to one bookie: its position, entry ids, bodies, trace contexts."""
 
 
 class _PendingAdd:
@@ -137,15 +135,13 @@ class LedgerHandle(ReadHandle):
         self._submitted_length = length
         self._error: BKError | None = None
         self._closing: asyncio.Future[None] | None = None
-        self._outbox: dict[BookieId, _Outgoing] | None = None
-        """Sends queued this loop turn, by bookie: its position, entry ids, bodies (and
-        their trace contexts, when tracing)."""
-        self._outbox_lac = -1
-        self._targets: list[_PositionTarget | None] = [None] * metadata.ensemble_size
-        """Where each position's answers go (made again when its bookie changes)."""
-        self._sender = _QueuedAdds(self)
-        """What the channels ask for the queued sends (not the handle itself: its
-        public surface stays the application's)."""
+        self._outbox = Outbox(ctx.bookie_client, metadata.ledger_id, self._master_key,
+                              self._add_flags, metadata.ensemble_size,
+                              ctx.config.add_timeout_s, on_acks=self._on_acks,
+                              on_answer=self._on_add_response,
+                              traced=self._tracing is not None)
+        """Sends queued this loop turn, taken by each bookie's channel at its flush (not
+        the handle itself: its public surface stays the application's)."""
         self._drained: asyncio.Future[None] | None = None
         """Resolved once no entry is pending (what close waits for)."""
         self._capacity = asyncio.Event()
@@ -250,57 +246,9 @@ class LedgerHandle(ReadHandle):
             self._change_task = self._loop.create_task(self._change_ensemble())
 
     def _send(self, sends: tuple[tuple[int, int], ...], lac: int) -> None:
-        """Queue ``sends`` for the bookies now at their positions: each bookie's channel
-        takes its group (:meth:`_take_adds`) at its flush, at the end of this loop turn, so
-        the turn's entries to a bookie leave together, with one answer per batch,
-        instead of a call per entry and bookie.  The bodies are taken now (an entry may
-        complete before the flush)."""
-        box = self._outbox
-        if box is None:
-            box = self._outbox = {}
-        ensemble = self._writes.ensemble
+        """Queue ``sends`` for the bookies now at their positions (:class:`Outbox`)."""
         ops = self._ops
-        first = ops[0].entry_id
-        new: list[BookieId] = []
-        tracing = self._tracing is not None
-        for entry_id, pos in sends:
-            bookie = ensemble[pos]
-            group = box.get(bookie)
-            if group is None:
-                group = box[bookie] = (pos, [], [], [] if tracing else None)
-                new.append(bookie)
-            op = ops[entry_id - first]
-            group[1].append(entry_id)
-            group[2].append(op.body)
-            if tracing:
-                group[3].append(op.trace)  # type: ignore[union-attr]
-        if lac > self._outbox_lac:
-            self._outbox_lac = lac
-        client = self._ctx.bookie_client
-        for bookie in new:  # (a channel that cannot send takes and refuses at once)
-            client.channel(bookie).add_source(self._sender)
-
-    def _take_adds(self, bookie: BookieId) -> list[AddGroup]:
-        """What ``bookie``'s channel sends for this handle now (see
-        :meth:`BookieChannel.add_source`): its queued group, if any."""
-        box = self._outbox
-        if box is None:
-            return []
-        group = box.pop(bookie, None)
-        lac = self._outbox_lac
-        if not box:
-            self._outbox = None
-            self._outbox_lac = -1
-        if group is None or self._error is not None:
-            return []
-        pos, entry_ids, bodies, traces = group
-        target = self._targets[pos]
-        if target is None or target.bookie != bookie:
-            target = self._targets[pos] = _PositionTarget(self, pos, bookie)
-        if traces is not None and not any(traces):  # (none sampled: the hot path's frames)
-            traces = None
-        return [AddGroup(self.id, self._master_key, self._add_flags, lac, entry_ids, bodies,
-                         target, self._ctx.config.add_timeout_s, traces)]
+        self._outbox.queue(sends, lac, self._writes.ensemble, ops, ops[0].entry_id)
 
     def _complete(self, entry_ids: tuple[int, ...]) -> None:
         ops = self._ops
@@ -330,6 +278,7 @@ class LedgerHandle(ReadHandle):
         if self._error is None:
             self._error = error
         self._writes.fail_all()
+        self._outbox.discard()
         ops, self._ops = self._ops, collections.deque()
         for op in ops:
             if op.span is not None and self._tracing is not None:
@@ -699,37 +648,6 @@ def _with_fragment(fragments: tuple[Fragment, ...], first: int, ensemble: Ensemb
     else:
         out.append((first, ensemble))
     return tuple(out)
-
-
-class _QueuedAdds:
-    """A handle's queued sends, as a channel's source (:meth:`BookieChannel.add_source`)."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle: LedgerHandle) -> None:
-        self.handle = handle
-
-    def take(self, bookie: BookieId) -> list[AddGroup]:
-        return self.handle._take_adds(bookie)
-
-
-class _PositionTarget:
-    """Where a channel hands the answers to a group of adds sent to ``bookie`` at
-    ``position`` (:meth:`LedgerHandle._take_adds`): an
-    :class:`~asyncbk.net.adds.AddTarget`."""
-
-    __slots__ = ("bookie", "handle", "position")
-
-    def __init__(self, handle: LedgerHandle, position: int, bookie: BookieId) -> None:
-        self.handle = handle
-        self.position = position
-        self.bookie = bookie
-
-    def acked(self, entry_ids: list[int]) -> None:
-        self.handle._on_acks(entry_ids, self.position, self.bookie)
-
-    def answered(self, entry_id: int, result: Response | BKError) -> None:
-        self.handle._on_add_response(entry_id, self.position, self.bookie, result)
 
 
 def _consume_error(task: asyncio.Future[None]) -> None:
