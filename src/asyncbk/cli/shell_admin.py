@@ -396,6 +396,7 @@ async def cookie_update(bk: Any, args: argparse.Namespace) -> int:
             print(f"dry run: would rewrite the COOKIE file of {len(stale)} director"
                   f"{'y' if len(stale) == 1 else 'ies'} and the cookie in the metadata store")
             return 0
+
         def write_all() -> None:
             for d in stale:
                 write_local_cookie(OS_FILE_IO, d, new)
