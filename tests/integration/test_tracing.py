@@ -138,3 +138,60 @@ async def test_a_failed_append_ends_its_span_as_an_error(tmp_path: Path) -> None
     assert len(failed) == 1
     assert failed[0].status.status_code.name == "ERROR"
     assert failed[0].status.description
+
+
+async def test_a_bookie_exports_its_spans_over_otlp(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``otel_exporter = "otlp"``: the bookie processes send their spans over OTLP/HTTP
+    to where ``OTEL_EXPORTER_OTLP_ENDPOINT`` says (here a collector stand-in that
+    decodes each request with OpenTelemetry's own protobuf classes)."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http",
+                        reason="the otel extra's OTLP exporter is not installed: "
+                        "pip install -e '.[test]'")
+    from aiohttp import web
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+        ExportTraceServiceResponse,
+    )
+
+    received: list[Any] = []
+
+    async def traces(request: web.Request) -> web.Response:
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(await request.read())
+        received.append(message)
+        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
+                            content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    provider, exporter = _client_provider()
+    try:
+        async with LocalCluster(bookies=3, data_dir=tmp_path / "cluster",
+                                bookie_config={"otel_exporter": "otlp"}) as cluster:
+            bk = await cluster.client(tracer_provider=provider)
+            lh = await bk.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2,
+                                        password=b"pw")
+            await lh.append(b"over otlp")
+    finally:
+        await runner.cleanup()
+    (append,) = [s for s in exporter.get_finished_spans() if s.name == "asyncbk.append"]
+    trace_id = append.get_span_context().trace_id  # type: ignore[union-attr]
+    spans = [(rs.resource, span) for message in received for rs in message.resource_spans
+             for ss in rs.scope_spans for span in ss.spans]
+    adds = [span for _, span in spans if span.name == "asyncbk.bookie.add"
+            and int.from_bytes(span.trace_id, "big") == trace_id]
+    assert len(adds) == 3, [span.name for _, span in spans]
+    services = {attr.value.string_value for resource, _ in spans
+                for attr in resource.attributes if attr.key == "service.name"}
+    assert services == {"asyncbk-bookie"}
+    fsyncs = [span for _, span in spans if span.name == "asyncbk.journal.fsync"
+              and span.parent_span_id in {add.span_id for add in adds}]
+    assert len(fsyncs) == 3
