@@ -17,7 +17,7 @@ from asyncbk.bookie.cookie import COOKIE_FORMAT
 from asyncbk.bookie.storage import CHECKPOINT_VERSION
 from asyncbk.client.ledger import FRAME_OVERHEAD_BYTES_MAX
 from asyncbk.meta.model import METADATA_FORMAT_VERSION
-from asyncbk.net.channel import ADD_BATCH_BYTES_MAX, ADD_BATCH_ENTRIES_MAX
+from asyncbk.net.adds import ADD_BATCH_BYTES_MAX, ADD_BATCH_ENTRIES_MAX
 from asyncbk.proto import messages
 from asyncbk.proto.messages import PROTOCOL_VERSION, AddFlag, Op, ReadFlag, Status
 

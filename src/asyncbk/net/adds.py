@@ -9,12 +9,29 @@ throughout, one per entry otherwise.  One object per group, none per entry.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple, Protocol
 
-from ..errors import BKError
-from ..proto import Response
+from ..errors import BKError, BookieUnavailableError
+from ..proto import (
+    AddBatchRequest,
+    AddBatchResponse,
+    AddRequest,
+    AddResponse,
+    Op,
+    Response,
+    Status,
+    add_request_frame,
+    add_request_tail,
+    encode_add_batch_request,
+    encode_request,
+)
 from ..types import BookieId
+
+ADD_BATCH_ENTRIES_MAX = 512
+ADD_BATCH_BYTES_MAX = 2 * 1024 * 1024
+"""Adds of one loop turn to one ledger go out as ADD_BATCH frames of at most this many
+entries and bytes of bodies (and never more than half the frame limit)."""
 
 
 class AddTarget(Protocol):
@@ -60,4 +77,101 @@ class AddSource(Protocol):
         over once)."""
 
 
-__all__ = ["AddGroup", "AddSource", "AddTarget"]
+ADD_OK = AddResponse(0, Status.OK, 0, 0)
+"""What an add's callback gets for an OK entry of a batch answer (only its type and
+status are read)."""
+
+
+class GroupCallback:
+    """A channel's callback for one ADD or ADD_BATCH request of a group: hands the
+    answer to the group's target, ``target.acked(entry_ids)`` when every entry is OK
+    (one call), else ``target.answered(entry_id, AddResponse or error)`` for each."""
+
+    __slots__ = ("entry_ids", "ledger_id", "target")
+
+    def __init__(self, target: AddTarget, ledger_id: int, entry_ids: list[int]) -> None:
+        self.target = target
+        self.ledger_id = ledger_id
+        self.entry_ids = entry_ids
+
+    def __call__(self, result: Response | BKError) -> None:
+        target, entry_ids = self.target, self.entry_ids
+        if isinstance(result, AddResponse) and len(entry_ids) == 1:  # a group of one: an ADD
+            if result.status == Status.OK:
+                target.acked(entry_ids)
+            else:
+                target.answered(entry_ids[0], result)
+            return
+        if isinstance(result, AddBatchResponse) and len(result.statuses) == len(entry_ids):
+            if not any(result.statuses):
+                target.acked(entry_ids)
+                return
+            ledger_id = self.ledger_id
+            for entry_id, status in zip(entry_ids, result.statuses, strict=True):
+                target.answered(entry_id, ADD_OK if status == 0
+                                else AddResponse(0, status, ledger_id, entry_id))
+            return
+        error = result if isinstance(result, BKError) else BookieUnavailableError(
+            f"malformed answer to a batch of adds: {type(result).__name__}")
+        for entry_id in entry_ids:
+            target.answered(entry_id, error)
+
+
+class FramedAdds(NamedTuple):
+    """One request :func:`frame_adds` framed: its id, op (ADD or ADD_BATCH) and entries."""
+
+    request_id: int
+    op: Op
+    entry_ids: list[int]
+
+
+def frame_adds(group: AddGroup, nbytes: int, request_ids: Iterator[int],
+               frame_bytes_max: int, out: list[bytes]) -> list[FramedAdds]:
+    """``group`` (whose bodies are ``nbytes``) as frames appended to ``out``: ADD_BATCH
+    requests of at most ``ADD_BATCH_ENTRIES_MAX`` entries and ``bytes_max`` of bodies
+    (an entry near the frame limit goes on its own, or the batch's frame would pass
+    the bookie's limit); a lone entry as an ADD, cheaper to frame and to answer than a
+    batch of one.  With trace contexts the general encoder frames them.  Returns the
+    requests, each with an id from ``request_ids``."""
+    ledger_id, master_key, flags, lac, entry_ids, bodies, _, _, traces = group
+    count = len(entry_ids)
+    bytes_max = min(ADD_BATCH_BYTES_MAX, frame_bytes_max // 2)
+    if count <= ADD_BATCH_ENTRIES_MAX and nbytes <= bytes_max:  # (the usual case)
+        parts = [(0, count)]
+    else:
+        parts = []
+        i = 0
+        while i < count:
+            j = i + 1
+            size = len(bodies[i])
+            while j < count and j - i < ADD_BATCH_ENTRIES_MAX \
+                    and size + len(bodies[j]) <= bytes_max:
+                size += len(bodies[j])
+                j += 1
+            parts.append((i, j))
+            i = j
+    framed = []
+    for i, j in parts:
+        ids, part = (entry_ids, bodies) if j - i == count else (entry_ids[i:j], bodies[i:j])
+        rid = next(request_ids)
+        if traces is not None:  # (tracing: the general encoder, with the contexts)
+            out.append(encode_request(
+                AddRequest(rid, ledger_id, ids[0], master_key, flags, lac, part[0], traces[i])
+                if len(ids) == 1 else
+                AddBatchRequest(rid, ledger_id, master_key, flags, lac, ids, part,
+                                traces[i:j])))
+            op = Op.ADD if len(ids) == 1 else Op.ADD_BATCH
+        elif len(ids) == 1:
+            out.extend(add_request_frame(rid, add_request_tail(
+                ledger_id, ids[0], master_key, flags, lac, part[0])))
+            op = Op.ADD
+        else:
+            out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac, ids,
+                                                part))
+            op = Op.ADD_BATCH
+        framed.append(FramedAdds(rid, op, ids))
+    return framed
+
+
+__all__ = ["ADD_BATCH_BYTES_MAX", "ADD_BATCH_ENTRIES_MAX", "ADD_OK", "AddGroup", "AddSource",
+           "AddTarget", "FramedAdds", "GroupCallback", "frame_adds"]

@@ -48,24 +48,17 @@ from ..errors import (
 )
 from ..log import get_logger
 from ..proto import (
-    AddBatchRequest,
-    AddBatchResponse,
-    AddRequest,
-    AddResponse,
     AuthRequest,
     FrameDecoder,
     Op,
     Request,
     Response,
     Status,
-    add_request_frame,
-    add_request_tail,
     decode_response,
-    encode_add_batch_request,
     encode_request,
 )
 from ..types import BookieId
-from .adds import AddGroup, AddSource, AddTarget
+from .adds import AddGroup, AddSource, GroupCallback, frame_adds
 from .connector import (
     Connector,
     ExplainsRefusals,
@@ -78,53 +71,8 @@ Callback = Callable[[Response | BKError], None]
 
 _SWEEP_INTERVAL_S = 0.05
 
-ADD_BATCH_ENTRIES_MAX = 512
-ADD_BATCH_BYTES_MAX = 2 * 1024 * 1024
-"""Adds of one loop turn to one ledger go out as ADD_BATCH frames of at most this many
-entries and bytes of bodies (and never more than half the frame limit)."""
-
 RECONNECT_BACKOFF_S_INITIAL = 0.05
 """The first reconnect back-off (doubling up to ``reconnect_backoff_s_max``)."""
-
-
-ADD_OK = AddResponse(0, Status.OK, 0, 0)
-"""What an add's callback gets for an OK entry of a batch answer (only its type and
-status are read)."""
-
-
-class GroupCallback:
-    """A channel's callback for one ADD or ADD_BATCH request of a group: hands the
-    answer to the group's target, ``target.acked(entry_ids)`` when every entry is OK
-    (one call), else ``target.answered(entry_id, AddResponse or error)`` for each."""
-
-    __slots__ = ("entry_ids", "ledger_id", "target")
-
-    def __init__(self, target: AddTarget, ledger_id: int, entry_ids: list[int]) -> None:
-        self.target = target
-        self.ledger_id = ledger_id
-        self.entry_ids = entry_ids
-
-    def __call__(self, result: Response | BKError) -> None:
-        target, entry_ids = self.target, self.entry_ids
-        if isinstance(result, AddResponse) and len(entry_ids) == 1:  # a group of one: an ADD
-            if result.status == Status.OK:
-                target.acked(entry_ids)
-            else:
-                target.answered(entry_ids[0], result)
-            return
-        if isinstance(result, AddBatchResponse) and len(result.statuses) == len(entry_ids):
-            if not any(result.statuses):
-                target.acked(entry_ids)
-                return
-            ledger_id = self.ledger_id
-            for entry_id, status in zip(entry_ids, result.statuses, strict=True):
-                target.answered(entry_id, ADD_OK if status == 0
-                                else AddResponse(0, status, ledger_id, entry_id))
-            return
-        error = result if isinstance(result, BKError) else BookieUnavailableError(
-            f"malformed answer to a batch of adds: {type(result).__name__}")
-        for entry_id in entry_ids:
-            target.answered(entry_id, error)
 
 
 class _QueuedGroup(NamedTuple):
@@ -599,49 +547,11 @@ class BookieChannel(asyncio.Protocol):
 
     def _frame_group(self, group: AddGroup, deadline_s: float, nbytes: int) -> None:
         """``group`` (whose bodies are ``nbytes``, counted in the unsent bytes already) as
-        frames in ``_unsent`` and pending requests: ADD_BATCH requests of at most
-        ``ADD_BATCH_ENTRIES_MAX`` entries and ``bytes_max`` of bodies (an entry near the
-        frame limit goes on its own, or the batch's frame would pass the bookie's
-        limit); a lone entry as an ADD, cheaper to frame and to answer than a batch of
-        one."""
-        ledger_id, master_key, flags, lac, entry_ids, bodies, target, _, traces = group
+        frames in ``_unsent`` (:func:`~.adds.frame_adds`) and pending requests."""
         pending = self._pending
-        out = self._unsent
-        count = len(entry_ids)
-        bytes_max = min(ADD_BATCH_BYTES_MAX, self._frame_bytes_max // 2)
-        if count <= ADD_BATCH_ENTRIES_MAX and nbytes <= bytes_max:  # (the usual case)
-            parts = [(0, count)]
-        else:
-            parts = []
-            i = 0
-            while i < count:
-                j = i + 1
-                size = len(bodies[i])
-                while j < count and j - i < ADD_BATCH_ENTRIES_MAX \
-                        and size + len(bodies[j]) <= bytes_max:
-                    size += len(bodies[j])
-                    j += 1
-                parts.append((i, j))
-                i = j
-        for i, j in parts:
-            ids, part = (entry_ids, bodies) if j - i == count else \
-                (entry_ids[i:j], bodies[i:j])
-            rid = next(self._request_ids)
-            if traces is not None:  # (tracing: the general encoder, with the contexts)
-                out.append(encode_request(
-                    AddRequest(rid, ledger_id, ids[0], master_key, flags, lac, part[0],
-                               traces[i]) if len(ids) == 1 else
-                    AddBatchRequest(rid, ledger_id, master_key, flags, lac, ids, part,
-                                    traces[i:j])))
-                op = Op.ADD if len(ids) == 1 else Op.ADD_BATCH
-            elif len(ids) == 1:
-                out.extend(add_request_frame(rid, add_request_tail(
-                    ledger_id, ids[0], master_key, flags, lac, part[0])))
-                op = Op.ADD
-            else:
-                out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac,
-                                                    ids, part))
-                op = Op.ADD_BATCH
+        target, ledger_id = group.target, group.ledger_id
+        for rid, op, ids in frame_adds(group, nbytes, self._request_ids,
+                                       self._frame_bytes_max, self._unsent):
             pending[rid] = _Pending(GroupCallback(target, ledger_id, ids), deadline_s, op)
 
     def _flush(self) -> None:
