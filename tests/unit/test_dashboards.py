@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,8 @@ from typing import Any
 
 import pytest
 from ruamel.yaml import YAML  # a direct test dependency (pyproject's test extra)
+
+from .test_alerts import promtool
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "docker" / "grafana"
@@ -129,14 +130,6 @@ def as_promql(expr: str) -> str:
     """A Grafana query as plain PromQL: its variables replaced by what they stand for."""
     expr = expr.replace("$__rate_interval", "5m").replace("$__interval", "1m")
     return re.sub(r"\$\{?\w+\}?", ".*", expr)
-
-
-def promtool() -> str:
-    tool = shutil.which("promtool")
-    if tool is None:
-        pytest.skip("promtool is not installed (Debian/Ubuntu: apt-get install prometheus; "
-                    ".ci/run installs it)")
-    return tool
 
 
 def check_exprs(tool: str, exprs: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:

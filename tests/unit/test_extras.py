@@ -64,24 +64,6 @@ def test_lmdb_index_backend(monkeypatch: pytest.MonkeyPatch) -> None:
         BookieConfig(index_backend="lmdb").validate()
 
 
-def test_lmdb_from_the_bookie_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
-    _missing(monkeypatch, "lmdb")
-    config = tmp_path / "bookie.toml"
-    config.write_text('index_backend = "lmdb"\n')
-    with pytest.raises(SystemExit) as exited:
-        main(["bookie", "--config", str(config), "--metadata-uri", "etcd://127.0.0.1:1",
-              "--port", "3181", "--journal-dir", str(tmp_path / "j"),
-              "--ledger-dir", str(tmp_path / "l")])
-    assert exited.value.code == EXIT_ERROR
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    _one_line(err.strip(), extra="lmdb")
-
-
-# ------------------------------------------------------------------ standalone: trustme, etcd, weed
-
-
 def test_trustme_for_a_tls_local_cluster(monkeypatch: pytest.MonkeyPatch,
                                          tmp_path: Path) -> None:
     from asyncbk.local.tls import LocalTLS
