@@ -417,3 +417,40 @@ async def test_a_batch_fails_whole_when_the_journal_fails(proc: RequestProcessor
     proc.storage._journal.fail(OSError("disk gone"))  # type: ignore[attr-defined]
     proc.handle(AddBatchRequest(2, 1, KEY, 0, -1, [2, 3], [b"c", b"d"]), conn)
     assert (await conn.next()).statuses == [Status.IO_ERROR, Status.IO_ERROR]
+
+
+async def test_traced_batch_entries_get_spans_with_their_own_answers(tmp_path: Path) -> None:
+    """Each traced entry of an ADD_BATCH gets a span under its client's context, with
+    that entry's status; the accepted ones a journal.fsync child, the refused none."""
+    pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from asyncbk.tracing import Tracing, encode_context
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    storage = await LedgerStorage.open(tmp_path / "j", tmp_path / "l", BookieConfig())
+    p = RequestProcessor(storage, "127.0.0.1:1", tracing=Tracing.from_provider(provider))
+    p.state_machine.registered(False)
+    try:
+        c = Conn()
+        traces = [encode_context(7, 100 + i, 1) for i in range(3)] + [b""]
+        p.handle(AddBatchRequest(1, 1, KEY, 0, -1, [0, -5, 2, 3],
+                                 [b"a", b"b", b"c", b"d"], traces), c)
+        r = await c.next()
+        assert r.statuses == [Status.OK, Status.BAD_REQUEST, Status.OK, Status.OK]
+    finally:
+        await p.close()
+        await storage.close()
+    spans = exporter.get_finished_spans()
+    adds = {s.parent.span_id: s for s in spans if s.name == "asyncbk.bookie.add"}  # type: ignore[union-attr]
+    assert sorted(adds) == [100, 101, 102]  # the untraced entry has none
+    assert all(s.context.trace_id == 7 for s in adds.values())
+    assert [adds[i].attributes["asyncbk.status"] for i in (100, 101, 102)] == \
+        ["OK", "BAD_REQUEST", "OK"]  # type: ignore[index]
+    fsync_parents = {s.parent.span_id for s in spans  # type: ignore[union-attr]
+                     if s.name == "asyncbk.journal.fsync"}
+    assert fsync_parents == {adds[100].context.span_id, adds[102].context.span_id}

@@ -155,7 +155,7 @@ class RequestProcessor:
             self.counters["rejected"] += 1
             conn.respond(AddResponse(req.request_id, status, req.ledger_id, req.entry_id))
             if span is not None:
-                self._end_add_spans((span,), status)
+                self._end_add_spans([(span, status)])
             return
         try:
             fut = self.storage.add_entry(req.ledger_id, req.entry_id, req.master_key, req.body)
@@ -164,7 +164,7 @@ class RequestProcessor:
                 else Status.IO_ERROR
             conn.respond(AddResponse(req.request_id, status, req.ledger_id, req.entry_id))
             if span is not None:
-                self._end_add_spans((span,), status)
+                self._end_add_spans([(span, status)])
             return
         counters = self.counters
         counters["adds"] += 1
@@ -186,7 +186,7 @@ class RequestProcessor:
                                                    req.entry_id))
             self.add_latency.observe(loop.time() - started)
             if span is not None:
-                self._end_add_spans((span,), Status.OK if ok else Status.IO_ERROR,
+                self._end_add_spans([(span, Status.OK if ok else Status.IO_ERROR)],
                                     f.result() if ok else None)
 
         fut.add_done_callback(done)
@@ -199,11 +199,10 @@ class RequestProcessor:
         refuses them all)."""
         n = len(req.entry_ids)
         ledger_id = req.ledger_id
-        spans = None
+        spans = None  # (index in the batch, span) of each traced entry
         if req.traces and self.tracing is not None:
-            spans = [self._add_span(trace, ledger_id, entry_id)
-                     for entry_id, trace in zip(req.entry_ids, req.traces, strict=True)
-                     if trace]
+            spans = [(i, self._add_span(trace, ledger_id, entry_id)) for i, (entry_id, trace)
+                     in enumerate(zip(req.entry_ids, req.traces, strict=True)) if trace]
         status = self._check_add_fields(ledger_id, req.master_key, req.flags, req.lac)
         if n != len(req.bodies) or n > ADD_BATCH_ENTRIES_MAX:
             status = Status.BAD_REQUEST
@@ -212,7 +211,7 @@ class RequestProcessor:
             conn.respond_frame(encode_add_batch_response(req.request_id, status, ledger_id,
                                                          req.entry_ids, [int(status)] * n))
             if spans:
-                self._end_add_spans(spans, status)
+                self._end_add_spans([(span, status) for _, span in spans])
             return
         statuses = [0] * n
         entry_ids = req.entry_ids
@@ -249,7 +248,7 @@ class RequestProcessor:
             conn.respond_frame(encode_add_batch_response(req.request_id, Status.OK, ledger_id,
                                                          req.entry_ids, statuses))
             if spans:
-                self._end_add_spans(spans, Status(max(statuses)))
+                self._end_add_spans([(span, Status(statuses[i])) for i, span in spans])
             return
         counters = self.counters
         counters["adds"] += accepted
@@ -269,7 +268,8 @@ class RequestProcessor:
                                                          req.entry_ids, statuses))
             self.add_latency.observe(loop.time() - started, accepted)
             if spans:
-                self._end_add_spans(spans, Status(max(statuses)), f.result() if ok else None)
+                self._end_add_spans([(span, Status(statuses[i])) for i, span in spans],
+                                    f.result() if ok else None)
 
         fut.add_done_callback(done)
         if storage.journal_queue_entries >= self._queue_high:
@@ -281,15 +281,15 @@ class RequestProcessor:
             "asyncbk.bookie": self.bookie_id, "asyncbk.ledger_id": ledger_id,
             "asyncbk.entry_id": entry_id}, parent=trace)
 
-    def _end_add_spans(self, spans: Sequence[Span], status: Status,
+    def _end_add_spans(self, spans: Sequence[tuple[Span, Status]],
                        synced: JournalSync | None = None) -> None:
-        """End the spans of traced adds answered ``status``; ``synced``: the group
-        commit that made them durable, a child span of each."""
+        """End the spans of traced adds, each with its entry's answer; ``synced``: the
+        group commit that made them durable, a child span of each that it covered."""
         tracing = self.tracing
         assert tracing is not None
-        for span in spans:
+        for span, status in spans:
             span.set_attribute("asyncbk.status", status.name)
-            if synced is not None:
+            if synced is not None and status is Status.OK:
                 tracing.child(span, "asyncbk.journal.fsync", synced.start_ns, synced.end_ns,
                               {"asyncbk.journal.records": synced.records,
                                "asyncbk.journal.bytes": synced.nbytes})

@@ -51,8 +51,7 @@ from .bench_record import (
     plot,
     self_cpu_s,
 )
-from .common import CliError
-from .standalone import bookies_text
+from .common import CliError, count_text
 
 WORKER_START_DELAY_S = 3.0
 """How far ahead of now the parent sets the common start of its client processes."""
@@ -344,7 +343,7 @@ async def bench_cluster(args: argparse.Namespace) -> AsyncIterator[tuple[str, Pr
     cluster = None
     metadata_uri = args.metadata_uri
     if metadata_uri is None:
-        print(f"starting a local cluster (etcd + {bookies_text(args.bookies)}) ...",
+        print(f"starting a local cluster (etcd + {count_text(args.bookies, 'bookie')}) ...",
               file=sys.stderr)
         backend = getattr(args, "index_backend", None)
         cluster = LocalCluster(bookies=args.bookies,

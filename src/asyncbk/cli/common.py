@@ -67,6 +67,11 @@ def one_line_errors(prog: str) -> Iterator[None]:
         sys.exit(EXIT_ERROR)
 
 
+def count_text(n: int, noun: str) -> str:
+    """``n`` of ``noun``, in words: "1 bookie", "12,345 records"."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 # ------------------------------------------------------------------ parsers
 
 

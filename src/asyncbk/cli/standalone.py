@@ -12,6 +12,7 @@ from .common import (
     Subparsers,
     add_log_options,
     configure_logging,
+    count_text,
     on_stop_signals,
     port,
     positive_int,
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                                etcd_port=args.etcd_port,
                                etcd_port_preferred=ETCD_PORT_STANDALONE,
                                owner="asyncbk standalone", object_store=args.object_store)
-        bookies = bookies_text(args.bookies)
+        bookies = count_text(args.bookies, "bookie")
         what = (f"etcd, {bookies} and an object store" if args.object_store
                 else f"etcd and {bookies}")
         print(f"starting {what} in {data_dir} ...", flush=True)
@@ -88,7 +89,3 @@ def run(args: argparse.Namespace) -> int:
 
     return run_async(go)
 
-
-def bookies_text(n: int) -> str:
-    """``n`` bookies, in words: "1 bookie", "3 bookies"."""
-    return f"{n} bookie" if n == 1 else f"{n} bookies"

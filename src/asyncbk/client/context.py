@@ -58,6 +58,10 @@ class ClientContext:
     tracing: Tracing | None = None
     """Spans of appends, reads and recoveries (``ClientConfig.tracing``), or None."""
 
+    def current_trace(self) -> bytes:
+        """The current span's context, for a request (b"": not tracing, or no span)."""
+        return b"" if self.tracing is None else self.tracing.current_wire()
+
     def quarantine_bookie(self, bookie: BookieId) -> None:
         """Keep ``bookie``, which just failed, out of ensembles for a while."""
         self.quarantine.add(bookie, self.bookies.session(bookie))

@@ -152,11 +152,6 @@ class ReadHandle:
                                               "asyncbk.first": first, "asyncbk.last": last}):
             return await self._read_unconfirmed(first, last)
 
-    def _trace(self) -> bytes:
-        """The current span's context for a request (b"": not tracing)."""
-        tracing = self._ctx.tracing
-        return b"" if tracing is None else tracing.current_wire()
-
     async def _read_unconfirmed(self, first: int, last: int) -> list[LedgerEntry]:
         clock = self._ctx.clock
         started_s = clock.monotonic_s()
@@ -237,7 +232,7 @@ class ReadHandle:
         ch = self._ctx.bookie_client.channel(bookie)
         bytes_max = max(1, cfg.frame_bytes_max - FRAME_OVERHEAD_BYTES_MAX - 8 * count)
         fut = ch.request(ReadBatchRequest(ch.next_request_id(), self.id, first, count, bytes_max,
-                                          self._trace()), cfg.read_timeout_s)
+                                          self._ctx.current_trace()), cfg.read_timeout_s)
         try:
             async with asyncio.timeout(wait_s):
                 resp = await fut
@@ -280,7 +275,7 @@ class ReadHandle:
             bookie = replicas[tried]
             tried += 1
             ch = self._ctx.bookie_client.channel(bookie)
-            req = ReadRequest(ch.next_request_id(), md.ledger_id, entry_id, 0, b"", self._trace())
+            req = ReadRequest(ch.next_request_id(), md.ledger_id, entry_id, 0, b"", self._ctx.current_trace())
             inflight[ch.request(req, cfg.read_timeout_s)] = bookie
 
         launch()

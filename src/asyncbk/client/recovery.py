@@ -67,10 +67,6 @@ class LedgerRecoveryOp:
             span.set_attribute("asyncbk.last_entry_id", closed.last_entry_id)
             return closed
 
-    def _trace(self) -> bytes:
-        tracing = self._ctx.tracing
-        return b"" if tracing is None else tracing.current_wire()
-
     async def _run(self) -> LedgerMetadata:
         md = await self._mark_in_recovery(self._md)
         if md.is_closed:
@@ -130,7 +126,7 @@ class LedgerRecoveryOp:
         for pos, bookie in enumerate(ensemble):
             ch = self._ctx.bookie_client.channel(bookie)
             inflight[ch.request(ReadRequest(ch.next_request_id(), md.ledger_id, -1,
-                                            ReadFlag.FENCE, self._master_key, self._trace()),
+                                            ReadFlag.FENCE, self._master_key, self._ctx.current_trace()),
                                 timeout_s)] = pos
         answered: set[int] = set()
         lac = -1
@@ -201,7 +197,7 @@ class LedgerRecoveryOp:
             # Recovery reads fence too: a bookie that missed the fence (it was down)
             # must not accept the old writer's adds once it answers us.
             inflight[ch.request(ReadRequest(ch.next_request_id(), md.ledger_id, entry_id,
-                                            ReadFlag.FENCE, self._master_key, self._trace()),
+                                            ReadFlag.FENCE, self._master_key, self._ctx.current_trace()),
                                 timeout_s)] = pos
         missing = 0
         errors: list[str] = []

@@ -68,8 +68,7 @@ def _security(access: Access) -> dict[str, Any]:
         fallback_cert=access.tls_cert_file, fallback_key=access.tls_key_file).connect_options())
     if access.object_store_credentials_file:
         security["object_store_credentials_file"] = access.object_store_credentials_file
-    if access.tracing:  # spans exported as ASYNCBK_OTEL_EXPORTER says (a worker's own)
-        configure_tracing_from_env("asyncbk-spark")
+    if access.tracing:
         security["tracing"] = True
     return security
 
@@ -78,6 +77,8 @@ async def connect(access: Access) -> BookKeeper:
     """A client of the cluster, or an error that says it is unreachable."""
     metadata_uri, timeout_s = access.metadata_uri, access.timeout_s
     security = await asyncio.to_thread(_security, access)
+    if access.tracing:  # spans exported as ASYNCBK_OTEL_EXPORTER says (a worker's own)
+        await asyncio.to_thread(configure_tracing_from_env, "asyncbk-spark")
     try:
         async with asyncio.timeout(min(timeout_s, CONNECT_TIMEOUT_S)):
             return await BookKeeper.connect(metadata_uri, **security)

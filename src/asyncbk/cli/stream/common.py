@@ -43,7 +43,7 @@ def explain(exc: BKError, args: argparse.Namespace) -> BKError | CliError:
 
 def records_text(n: int) -> str:
     """``n`` records, in words: "1 record", "12,345 records"."""
-    return f"{n:,} record" + ("" if n == 1 else "s")
+    return cli_common.count_text(n, "record")
 
 
 def stdout_gone() -> None:
