@@ -178,6 +178,9 @@ async def test_shell_commands_against_a_cluster(cluster: LocalCluster, tmp_path:
     r = await asyncio.to_thread(run_cli, "shell", "readledger", "--metadata-uri", uri,
                                 str(lh.id))  # no password: refused, in one line
     assert "pw" not in one_line_error(r)
+    r = await asyncio.to_thread(run_cli, "shell", "readledger", "--metadata-uri", uri,
+                                str(lh.id), "--password-file", str(tmp_path / "missing"))
+    assert "cannot read the password file" in one_line_error(r)
     r = await asyncio.to_thread(run_cli, "shell", "ledgermetadata", "--metadata-uri", uri,
                                 "999999999")
     assert r.returncode == 1 and "999999999" in r.stderr
