@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from . import build as _build
+
+if _build.pure_requested():  # ASYNCBK_PURE=1: the pure-Python reference, even if compiled
+    _build.install_pure_finder()
+
 from . import errors
 from ._version import __version__
 from .types import LedgerEntry

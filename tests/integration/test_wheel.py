@@ -92,14 +92,16 @@ def _source_copy(dest: Path) -> Path:
 def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(sdist, wheel): the sdist built from the sources, the wheel built from the sdist
     (``python -m build`` without --sdist/--wheel does exactly that), so a file missing
-    from the sdist is missing from the wheel too."""
+    from the sdist is missing from the wheel too.  Built as on a machine without a C
+    compiler (``CC`` names none): the pure-Python wheel, which must work everywhere (CI's
+    own install is the compiled build, checked by tests/unit/test_compiled.py)."""
     pytest.importorskip("build")
     root = tmp_path_factory.mktemp("dist")
     src = _source_copy(root / "src")
     out = root / "out"
     t0 = time.monotonic()
     _run([sys.executable, "-m", "build", "--outdir", str(out), str(src)], BUILD_TIMEOUT_S,
-         env=_clean_env())
+         env={**_clean_env(), "CC": "asyncbk-test-no-such-compiler"})
     sys.stderr.write(f"build: {time.monotonic() - t0:.1f}s\n")
     sdists = list(out.glob("asyncbk-*.tar.gz"))
     wheels = list(out.glob("asyncbk-*.whl"))
@@ -114,6 +116,8 @@ def test_the_wheel_holds_the_package_and_its_marker(dists: tuple[Path, Path]) ->
     assert "asyncbk/py.typed" in names
     assert "asyncbk/__init__.py" in names and "asyncbk/cli/main.py" in names
     assert "asyncbk/bookie/journal_format.py" in names
+    assert "asyncbk/_compiled_modules.txt" in names
+    assert not [n for n in names if n.endswith((".so", ".c"))], names
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "docs/"))], names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     meta = zipfile.ZipFile(wheel).read(f"asyncbk-{__version__}.dist-info/METADATA").decode()
@@ -129,8 +133,9 @@ def test_the_sdist_holds_what_a_build_needs(dists: tuple[Path, Path]) -> None:
     top = f"asyncbk-{__version__}/"
     with tarfile.open(sdist) as tar:
         names = {n.removeprefix(top) for n in tar.getnames()}
-    for needed in ("pyproject.toml", "README.md", "PKG-INFO", "src/asyncbk/__init__.py",
-                   "src/asyncbk/py.typed", "src/asyncbk/cli/shell.py"):
+    for needed in ("pyproject.toml", "setup.py", "README.md", "PKG-INFO",
+                   "src/asyncbk/__init__.py", "src/asyncbk/py.typed",
+                   "src/asyncbk/_compiled_modules.txt", "src/asyncbk/cli/shell.py"):
         assert needed in names, f"{needed} missing from the sdist"
     assert not [n for n in names if "__pycache__" in n or ".venv" in n or "/.git/" in n]
 
@@ -151,7 +156,8 @@ def venv(dists: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> 
 def test_the_installed_command_runs(venv: Path, tmp_path: Path) -> None:
     done = _run([str(venv / "bin" / "asyncbk"), "--version"], 60, cwd=tmp_path,
                 env=_clean_env(venv))
-    assert done.stdout.strip() == f"asyncbk {__version__}"
+    assert done.stdout.strip() == (f"asyncbk {__version__} (pure Python (no compiled modules: "
+                                   "installed without Cython or a C compiler))")
     where = _run([str(venv / "bin" / "python"), "-c",
                   "import asyncbk, sys; print(asyncbk.__file__); print(sys.prefix)"], 60,
                  cwd=tmp_path, env=_clean_env(venv)).stdout.split()

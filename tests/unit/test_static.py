@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "src" / "asyncbk"
 
-BOTTOM = {"errors", "types", "config", "clock", "log", "stats", "_version", "topology",
+BOTTOM = {"errors", "types", "config", "clock", "log", "stats", "_version", "topology", "build",
           "backoff", "tracing"}
 # layer -> the asyncbk subpackages/modules it may import
 ALLOWED: dict[str, set[str]] = {

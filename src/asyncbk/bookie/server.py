@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .._version import __version__
+from ..build import log_build_once
 from ..clock import Clock
 from ..config import BookieConfig
 from ..errors import BKError, ConfigError
@@ -231,6 +232,7 @@ class BookieServer:
             self._apply(self.state_machine.close())
             raise
         self.log.info("bookie started", journal_dir=cfg.journal_dir, ledger_dir=cfg.ledger_dir)
+        log_build_once(self.log)
 
     def _credentials(self) -> list[Credential]:
         """What ``reloader`` keeps up to date: the TLS material (both contexts, from the

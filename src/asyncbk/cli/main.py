@@ -40,10 +40,26 @@ COMMANDS: dict[str, Command] = {
 """Each command's module, by name, in the order ``--help`` lists them."""
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the version and which build is installed (compiled or pure)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings=option_strings, dest=dest, default=default,
+                         nargs=0, help=help or "show the version and the build, and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> NoReturn:
+        from ..build import build_info
+
+        sys.stdout.write(f"asyncbk {__version__} ({build_info().describe()})\n")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="asyncbk", description="asyncbk: an asyncio-native replicated log "
                     "service (bookies, ledgers, metadata in etcd).")
-    parser.add_argument("--version", action="version", version=f"asyncbk {__version__}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for command in COMMANDS.values():
         command.add_parser(sub)

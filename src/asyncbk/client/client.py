@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
+from ..build import log_build_once
 from ..config import ClientConfig, from_mapping
 from ..errors import BKError, NotEnoughBookiesError, UnauthorizedAccessError
 from ..log import get_logger
@@ -289,6 +290,7 @@ class BookKeeper:
         bk = cls(meta, config, ssl=ssl, token=token, rack_mapping=rack_mapping,
                  tracing=tracing)
         bk.bookies.start()
+        log_build_once(bk._log)
         return bk
 
     async def __aenter__(self) -> Self:

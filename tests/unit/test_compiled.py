@@ -1,0 +1,89 @@
+"""The two builds: compiled per-entry modules (Cython) and their pure-Python sources.
+
+The pure sources are the reference: the property tests of every compiled module run
+against them too, in a process with ``ASYNCBK_PURE=1`` (the rest of the suite runs the
+build that is installed; CI installs the compiled one and sets
+``ASYNCBK_EXPECT_COMPILED=1``, so a build that silently fell back to pure Python fails
+here rather than passing slowly).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncbk
+from asyncbk.build import PURE_ENV, build_info, compiled_module_names
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# the property tests (hypothesis) of the compiled modules
+PROPERTY_TESTS = [
+    "tests/unit/test_framing.py", "tests/unit/test_messages.py", "tests/unit/test_digest.py",
+    "tests/unit/test_quorum.py", "tests/unit/test_write_path.py",
+    "tests/unit/test_journal_format.py", "tests/unit/test_storage.py",
+    "tests/unit/test_storage_index.py", "tests/unit/test_storage_writecache.py",
+    "tests/unit/test_fuzz_props.py",
+]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (PURE_ENV, "ASYNCBK_EXPECT_COMPILED")}
+    env.update(extra)
+    return env
+
+
+def test_every_listed_module_exists_as_source() -> None:
+    pkg = Path(asyncbk.__file__).parent
+    names = compiled_module_names()
+    assert len(names) == len(set(names)) and names
+    for name in names:
+        parts = name.split(".")
+        assert parts[0] == "asyncbk"
+        assert pkg.joinpath(*parts[1:]).with_suffix(".py").is_file(), name
+
+
+def test_the_build_is_what_ci_expects() -> None:
+    info = build_info()
+    if os.environ.get("ASYNCBK_EXPECT_COMPILED", "") not in ("", "0"):
+        assert info.kind == "compiled", info.describe()
+    # whichever it is, the description matches where the modules load from
+    for name in info.compiled:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None
+        assert spec.origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    assert set(info.compiled) | set(info.pure) == set(compiled_module_names())
+
+
+def test_asyncbk_pure_loads_every_module_from_source() -> None:
+    code = ("import importlib, asyncbk.build as b\n"
+            "for n in b.compiled_module_names():\n"
+            "    m = importlib.import_module(n)\n"
+            "    assert m.__file__.endswith('.py'), m.__file__\n"
+            "print(b.build_info().describe())\n")
+    done = subprocess.run([sys.executable, "-c", code], env=_env(**{PURE_ENV: "1"}),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "pure Python (ASYNCBK_PURE is set)"
+
+
+def test_version_says_which_build() -> None:
+    for extra, expect in (({PURE_ENV: "1"}, "pure Python"), ({}, build_info().describe())):
+        done = subprocess.run([sys.executable, "-m", "asyncbk", "--version"], env=_env(**extra),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"asyncbk {asyncbk.__version__} ("), done.stdout
+        assert expect in done.stdout
+
+
+def test_property_tests_pass_against_the_pure_sources() -> None:
+    """The reference: the same property tests, every listed module from its source."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         "-o", "addopts=", *PROPERTY_TESTS],
+        env=_env(**{PURE_ENV: "1"}), cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout
