@@ -39,8 +39,8 @@ MARKS: list[tuple[str, str, str, str]] = [
     ("net/server.py", "    def data_received(self, data: bytes) -> None:\n        try:\n"
      "            bodies = self._decoder.feed(data)", "b_recv", "inside"),
     ("bookie/journal.py", "        q = self._queue\n        was_empty = not q", "b_enq", "before"),
-    ("bookie/journal.py", "result = await self._worker.run(self._write_batch, records, items)",
-     "b_flush", "before"),
+    ("bookie/journal.py", "self._worker.submit(self._write_batch, (records, items), "
+     "self._batch_done)", "b_flush", "before"),
     ("bookie/journal.py", 'buf = records[0] if len(records) == 1 else b"".join(records)',
      "b_thread", "before"),
     ("bookie/journal.py", "            t1 = time.perf_counter()\n            if self._sync:",
@@ -48,12 +48,10 @@ MARKS: list[tuple[str, str, str, str]] = [
     ("bookie/journal.py", "self.io.fdatasync(self._fd)", "b_synced", "after"),
     ("bookie/journal.py", "sink_result = self._sink.apply_in_writer(records, items) if "
      "self._sink else None", "b_applied", "after"),
-    ("bookie/fileio.py", "        loop.call_soon_threadsafe(setter, fut, value)", "b_handback",
-     "before"),
-    ("bookie/fileio.py", "def _set_result(fut: asyncio.Future[Any], value: object) -> None:\n"
-     "    if not fut.done():", "b_back", "inside"),
-    ("bookie/journal.py", "        if self._failed is not None:  # failed from outside (fail) "
-     "meanwhile", "b_resumed", "before"),
+    ("bookie/fileio.py", "        loop.call_soon_threadsafe(setter, first, second)",
+     "b_handback", "before"),
+    ("bookie/journal.py", '        """The writer thread\'s answer for the batch in flight (on the '
+     'loop)."""', "b_back", "after"),
     ("net/server.py", "        self.inflight -= 1\n        if self._reading_paused_by and "
      "self.inflight <= self._server.requests_resume_at", "b_respond", "before"),
     ("net/server.py", "        self._out.clear()\n        self._transport.write(data)", "b_send",
@@ -65,16 +63,15 @@ HOPS = [
     ("c_append", "c_write", "client: append, envelope, frame, up to the socket write"),
     ("c_write", "b_recv", "socket write, loopback, the bookie process waking up"),
     ("b_recv", "b_enq", "bookie: decode, checks, storage, journal record queued"),
-    ("b_enq", "b_flush", "bookie: the journal task wakes (one loop turn)"),
+    ("b_enq", "b_flush", "bookie: the journal's kick (one loop turn)"),
     ("b_flush", "b_thread", "hand-off to the journal thread (thread wake-up)"),
     ("b_thread", "b_written", "journal write(2)"),
     ("b_written", "b_synced", "journal fdatasync(2)"),
     ("b_synced", "b_applied", "entry log append (after the fsync, before the ack)"),
     ("b_applied", "b_handback", "journal thread: batch result"),
     ("b_handback", "b_back", "hand-back to the event loop (loop wake-up)"),
-    ("b_back", "b_resumed", "bookie: the journal task resumes (one loop turn)"),
-    ("b_resumed", "b_respond", "bookie: index update, futures, answer encoded"),
-    ("b_respond", "b_send", "bookie: the answer's socket write (one loop turn)"),
+    ("b_back", "b_respond", "bookie: index update, the add's callback, answer encoded"),
+    ("b_respond", "b_send", "bookie: the answers' socket write (same loop turn)"),
     ("b_send", "c_recv2", "socket write, loopback, the client process waking up"),
     ("c_recv2", "c_resolve", "client: decode, ack quorum, ledger bookkeeping"),
     ("c_resolve", "c_resumed", "client: the awaiting coroutine resumes (one loop turn)"),
@@ -123,7 +120,7 @@ uvloop.run(main(int(sys.argv[1])))
 
 def instrumented_copy(dest: Path) -> Path:
     src = dest / "src"
-    shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c"))
     pkg = src / "asyncbk"
     (pkg / "_hops.py").write_text(TRACE_MODULE)
     texts: dict[str, str] = {}

@@ -71,7 +71,12 @@ def test_asyncbk_pure_loads_every_module_from_source() -> None:
 
 
 def test_version_says_which_build() -> None:
-    for extra, expect in (({PURE_ENV: "1"}, "pure Python"), ({}, build_info().describe())):
+    installed = subprocess.run(
+        [sys.executable, "-c", "from asyncbk.build import build_info as b; "
+         "print(b().describe())"], env=_env(), capture_output=True, text=True, timeout=60)
+    assert installed.returncode == 0, installed.stderr
+    for extra, expect in (({PURE_ENV: "1"}, "pure Python (ASYNCBK_PURE is set)"),
+                          ({}, installed.stdout.strip())):
         done = subprocess.run([sys.executable, "-m", "asyncbk", "--version"], env=_env(**extra),
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr

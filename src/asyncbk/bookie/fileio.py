@@ -215,6 +215,13 @@ class Worker(Protocol):
         """``fn(*args)`` off the loop; its result or exception."""
         ...
 
+    def submit(self, fn: Callable[..., T], args: tuple[Any, ...],
+               done: Callable[[T | None, BaseException | None], None]) -> None:
+        """``fn(*args)`` off the loop, in order with :meth:`run`; then ``done(result,
+        None)`` or ``done(None, exception)`` is called on the calling loop (a callback,
+        not a future to await: the journal's group commits)."""
+        ...
+
     async def shutdown(self) -> None:
         """Wait for the calls under way, then release the threads."""
         ...
@@ -254,8 +261,16 @@ class _ThreadWorker:
             self._start()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self._queue.put((loop, fut, fn, args))
+        self._queue.put((loop, fut, fn, args, None))
         return await fut
+
+    def submit(self, fn: Callable[..., T], args: tuple[Any, ...],
+               done: Callable[[T | None, BaseException | None], None]) -> None:
+        if self._shut:
+            raise RuntimeError("cannot schedule new calls after shutdown")
+        if not self._threads:
+            self._start()
+        self._queue.put((asyncio.get_running_loop(), None, fn, args, done))
 
     def _start(self) -> None:
         for i in range(self._count):
@@ -269,14 +284,21 @@ class _ThreadWorker:
             item = get()
             if item is None:
                 return
-            loop, fut, fn, args = item
+            loop, fut, fn, args, done = item
+            result = None
             try:
                 result = fn(*args)
             except BaseException as exc:  # handed to the caller, as run_in_executor does
-                _hand_back(loop, _set_exception, fut, exc)
+                if done is None:
+                    _hand_back(loop, _set_exception, fut, exc)
+                else:
+                    _hand_back(loop, done, None, exc)
             else:
-                _hand_back(loop, _set_result, fut, result)
-            del item, fut, fn, args
+                if done is None:
+                    _hand_back(loop, _set_result, fut, result)
+                else:
+                    _hand_back(loop, done, result, None)
+            del item, fut, fn, args, done, result
 
     async def shutdown(self) -> None:
         self._shut = True
@@ -298,10 +320,10 @@ def _join_all(threads: list[threading.Thread]) -> None:
         thread.join()
 
 
-def _hand_back(loop: asyncio.AbstractEventLoop, setter: Callable[..., None], fut: Any,
-               value: object) -> None:
+def _hand_back(loop: asyncio.AbstractEventLoop, setter: Callable[..., None], first: Any,
+               second: object) -> None:
     try:
-        loop.call_soon_threadsafe(setter, fut, value)
+        loop.call_soon_threadsafe(setter, first, second)
     except RuntimeError:  # the loop is closed: nobody waits any more
         pass
 

@@ -9,8 +9,14 @@ about one fsync.
 
 Threads and ownership
 ---------------------
-* The event loop owns the queue, the futures and the statistics.  A single
-  writer task takes a batch off the queue and hands it to the writer thread.
+* The event loop owns the queue, the futures and the statistics.  There is no
+  writer task: the journal is driven by callbacks.  An append to an idle journal
+  schedules one ``_kick`` (a loop turn later, so that every request read in that
+  turn joins the batch), which hands a batch to the writer thread; the thread hands
+  the batch's result back with one ``call_soon_threadsafe``, and that callback
+  completes the batch's waiters, starts the next batch at once if records queued
+  meanwhile, and calls ``after_batch`` (the bookie writes the answers the batch
+  completed, one write per connection, in that same loop turn).
 * One dedicated thread (a single-thread :class:`~.fileio.Worker` owned by the
   journal, from the ``offload`` seam) does every blocking file operation, on
   the ``io`` seam (:mod:`.fileio`): one write of the whole
@@ -20,9 +26,12 @@ Threads and ownership
   position and descriptor are touched only on that thread; anything else
   that must be ordered with batches (checkpoints) goes through
   :meth:`Journal.run_in_writer`, which queues behind them (FIFO).
-* A batch's futures are resolved on the loop, after the thread reports the
+* A batch's waiters are completed on the loop, after the thread reports the
   fsync done and after :meth:`BatchSink.apply_on_loop` ran, so an
-  acknowledged record is durable and (for storage) readable.
+  acknowledged record is durable and (for storage) readable.  A waiter is a
+  future (:meth:`Journal.append_batch`), whose callbacks run a loop turn later, or
+  a callback (:meth:`Journal.append_batch_then`), called right there: the add path
+  uses those.
 
 When a batch is flushed
 -----------------------
@@ -151,8 +160,40 @@ class JournalSync:
     nbytes: int
 
 
-# A queued record: (encoded record, sink item, future or None, loop time enqueued)
-_Queued = tuple[bytes, Any, "asyncio.Future[JournalSync] | None", float]
+class Waiter(Protocol):
+    """What waits for a batch: an ``asyncio.Future[JournalSync]`` or a :class:`Then`."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: JournalSync, /) -> None: ...
+
+    def set_exception(self, exc: BaseException, /) -> None: ...
+
+
+class Then:
+    """A :class:`Waiter` that calls ``fn`` with the :class:`JournalSync` or the
+    exception, at once (no loop turn, as a future's callbacks take)."""
+
+    __slots__ = ("_done", "fn")
+
+    def __init__(self, fn: Callable[[JournalSync | BaseException], None]) -> None:
+        self.fn = fn
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: JournalSync, /) -> None:
+        self._done = True
+        self.fn(result)
+
+    def set_exception(self, exc: BaseException, /) -> None:
+        self._done = True
+        self.fn(exc)
+
+
+# A queued record: (encoded record, sink item, waiter or None, loop time enqueued)
+_Queued = tuple[bytes, Any, "Waiter | None", float]
 
 
 class Journal:
@@ -201,14 +242,20 @@ class Journal:
         self._queue: collections.deque[_Queued] = collections.deque()
         self._queued_bytes = 0
         self._pending = 0  # queued + in flight
-        self._inflight: list[asyncio.Future[JournalSync] | None] = []
-        self._wakeup = asyncio.Event()
+        self._inflight: list[Waiter | None] = []
+        self._busy = False  # a batch is with the writer thread
+        self._batch: tuple[list[Any], str, float] = ([], "", 0.0)  # its items, reason, wait
+        self._kick_handle: asyncio.Handle | None = None
+        self._group_timer: asyncio.TimerHandle | None = None
+        self._idle_waiters: list[asyncio.Future[None]] = []
         self._space_waiters: list[asyncio.Future[None]] = []
         self._failed: BaseException | None = None
         self._closing = False
         self._closed = False
-        self._writer_task: asyncio.Task[None] | None = None
         self._synced_position = (first_seq, 0)
+        self.after_batch: Callable[[], None] | None = None
+        """Called on the loop after each batch's waiters were completed (the bookie
+        writes the answers they queued)."""
 
         # statistics (loop)
         self._batches = 0
@@ -228,31 +275,32 @@ class Journal:
     # --- lifecycle ------------------------------------------------------
 
     async def start(self) -> None:
-        """Create the first journal file (``first_seq``) and start the writer task."""
+        """Create the first journal file (``first_seq``); appends may follow."""
         self._loop = asyncio.get_running_loop()
         await self._worker.run(self._open_file, self._first_seq)
-        self._writer_task = self._loop.create_task(self._run(), name="asyncbk-journal-writer")
 
     async def drain(self) -> None:
-        """Stop accepting appends, write out everything queued, stop the writer task."""
+        """Stop accepting appends, write out everything queued, return once idle."""
         self._closing = True
-        self._wakeup.set()
-        task = self._writer_task
-        if task is not None and not task.done():
-            await asyncio.wait([task])
+        loop = self._loop
+        if loop is None or self._idle():
+            return
+        if not self._busy:
+            self._schedule_kick(loop)
+        fut: asyncio.Future[None] = loop.create_future()
+        self._idle_waiters.append(fut)
+        await fut
 
     async def stop_now(self) -> None:
-        """Stop as if the process died: cancel the writer, fail everything
-        pending with BookieIOError, wait for the thread to go idle."""
+        """Stop as if the process died: fail everything pending with BookieIOError,
+        write nothing more, wait for the thread to go idle."""
         self._closing = True
         if self._failed is None:
             self._failed = BookieIOError("journal stopped")
-        task = self._writer_task
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait([task])
+        self._cancel_handles()
         if self._loop is not None and not self._closed:
-            # FIFO executor: once this no-op ran, any in-flight batch is finished.
+            # FIFO worker: once this no-op ran, any batch in flight is finished (and
+            # its result, handed back before the no-op's, was seen to fail).
             await self._worker.run(_noop)
         self._fail_all(self._failed)
 
@@ -318,6 +366,17 @@ class Journal:
         self._enqueue(records, items, fut, loop)
         return fut
 
+    def append_batch_then(self, records: list[bytes], items: list[Any],
+                          then: Callable[[JournalSync | BaseException], None]) -> None:
+        """:meth:`append_batch` with a callback instead of a future: ``then`` is called
+        on the loop with the batch's :class:`JournalSync` (or the exception that failed
+        it) as soon as the group commit covering the records completes, without the
+        loop turn a future's callbacks wait for."""
+        count = len(records)
+        if count == 0 or count != len(items):
+            raise ValueError(f"append_batch of {count} records and {len(items)} items")
+        self._enqueue(records, items, Then(then), self._ready(count))
+
     def append_unacked(self, record: bytes, item: Any = None) -> None:
         """Like :meth:`append` without a future: for records whose durability
         is covered by a later record's future (the journal is FIFO)."""
@@ -331,8 +390,7 @@ class Journal:
             raise BookieIOError("journal not started")
         return loop
 
-    def _enqueue(self, records: list[bytes], items: list[Any],
-                 fut: asyncio.Future[JournalSync] | None,
+    def _enqueue(self, records: list[bytes], items: list[Any], fut: Waiter | None,
                  loop: asyncio.AbstractEventLoop) -> None:
         """Queue ``records``, ``fut`` riding with the last."""
         q = self._queue
@@ -347,10 +405,12 @@ class Journal:
         self._pending += len(records)
         if self._pending > self._pending_peak:
             self._pending_peak = self._pending
-        # Wake the writer only when it can act: the queue just became
-        # non-empty, or a size limit was crossed while it waits for a group.
-        if was_empty or len(q) >= self._entries_max or self._queued_bytes >= self._bytes_max:
-            self._wakeup.set()
+        # Kick the writer only when it can act: idle, and the queue just became
+        # non-empty or a size limit was crossed while it waits for a group.
+        if not self._busy and self._kick_handle is None and (
+                was_empty or len(q) >= self._entries_max
+                or self._queued_bytes >= self._bytes_max):
+            self._schedule_kick(loop)
 
     async def wait_for_space(self) -> None:
         """Return once fewer than ~75 % of ``journal_queue_entries_max`` records
@@ -378,69 +438,68 @@ class Journal:
             raise BookieIOError("journal is closed")
         return await self._worker.run(fn, *args)
 
-    # --- writer task ----------------------------------------------------
+    # --- the writer, driven by callbacks ---------------------------------
 
-    async def _run(self) -> None:
+    def _idle(self) -> bool:
+        return not self._busy and (not self._queue or self._failed is not None)
+
+    def _schedule_kick(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._kick_handle is None:
+            self._kick_handle = loop.call_soon(self._kick)
+
+    def _cancel_handles(self) -> None:
+        for handle in (self._kick_handle, self._group_timer):
+            if handle is not None:
+                handle.cancel()
+        self._kick_handle = self._group_timer = None
+
+    def _kick(self) -> None:
+        """Hand the next batch to the writer thread if one is due; else arm the group
+        timer (the oldest record's wait) or, with nothing queued, tell drain()."""
+        self._kick_handle = None
+        if self._busy:
+            return
         q = self._queue
-        try:
-            while True:
-                if not q:
-                    if self._closing or self._failed is not None:
-                        return
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
-                    continue
-                if self._closing:
-                    reason = "close"
-                elif self._flush_when_empty:
-                    reason = "queue_empty"
-                else:
-                    reason = await self._wait_for_group()
-                if not q:  # failed from outside (fail) while waiting for a group
-                    continue
-                if not await self._flush(reason):
-                    return
-        except asyncio.CancelledError:
-            self._fail_all(self._failed or BookieIOError("journal stopped"))
-            raise
-        except Exception as exc:  # a bug: never leave futures hanging
-            self._set_failed(exc)
-            raise
+        if not q or self._failed is not None:
+            self._notify_idle()
+            return
+        if self._closing:
+            reason = "close"
+        elif self._flush_when_empty:
+            reason = "queue_empty"
+        elif len(q) >= self._entries_max:
+            reason = "entries"
+        elif self._queued_bytes >= self._bytes_max:
+            reason = "bytes"
+        else:
+            loop = self._loop
+            assert loop is not None
+            due = q[0][3] + self._wait_s
+            if due > loop.time():
+                if self._group_timer is None:
+                    self._group_timer = loop.call_at(due, self._group_due)
+                return
+            reason = "wait_time"
+        self._start_batch(reason)
 
-    async def _wait_for_group(self) -> str:
-        """Wait (loop timer, no polling) until the queued records make a batch."""
+    def _group_due(self) -> None:
+        self._group_timer = None
+        if not self._busy and self._queue and self._failed is None:
+            self._start_batch("close" if self._closing else "wait_time")
+
+    def _start_batch(self, reason: str) -> None:
+        """Take one batch off the queue and hand it to the writer thread."""
         loop = self._loop
         assert loop is not None
-        q = self._queue
-        while True:
-            if not q:
-                return "close"
-            if len(q) >= self._entries_max:
-                return "entries"
-            if self._queued_bytes >= self._bytes_max:
-                return "bytes"
-            if self._closing:
-                return "close"
-            remaining = q[0][3] + self._wait_s - loop.time()
-            if remaining <= 0:
-                return "wait_time"
-            self._wakeup.clear()
-            try:
-                async with asyncio.timeout(remaining):
-                    await self._wakeup.wait()
-            except TimeoutError:
-                return "wait_time"
-
-    async def _flush(self, reason: str) -> bool:
-        """Write one batch; False if the journal failed."""
-        loop = self._loop
-        assert loop is not None
+        if self._group_timer is not None:
+            self._group_timer.cancel()
+            self._group_timer = None
         q = self._queue
         n_max = self._entries_max
         b_max = self._bytes_max
         records: list[bytes] = []
         items: list[Any] = []
-        futs: list[asyncio.Future[JournalSync] | None] = []
+        futs: list[Waiter | None] = []
         nbytes = 0
         oldest = q[0][3]
         while q and len(records) < n_max and nbytes < b_max:
@@ -455,26 +514,40 @@ class Journal:
         elif nbytes >= b_max:
             reason = "bytes"
         self._inflight = futs
-        wait_s = loop.time() - oldest
-        try:
-            result = await self._worker.run(self._write_batch, records, items)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._set_failed(exc)
-            return False
-        if self._failed is not None:  # failed from outside (fail) meanwhile: futures failed
-            return False
-        try:
-            if self._sink is not None:
-                self._sink.apply_on_loop(items, result.sink_result)
-        except Exception as exc:
-            self._set_failed(exc)
-            return False
+        self._busy = True
+        self._batch = (items, reason, loop.time() - oldest)
+        self._worker.submit(self._write_batch, (records, items), self._batch_done)
 
+    def _batch_done(self, result: _BatchResult | None, exc: BaseException | None) -> None:
+        """The writer thread's answer for the batch in flight (on the loop)."""
+        self._busy = False
+        items, reason, wait_s = self._batch
+        self._batch = ([], "", 0.0)
+        if exc is not None:
+            self._set_failed(exc)
+        elif self._failed is None:  # (else failed from outside meanwhile: waiters failed)
+            assert result is not None
+            try:
+                if self._sink is not None:
+                    self._sink.apply_on_loop(items, result.sink_result)
+            except Exception as sink_exc:
+                self._set_failed(sink_exc)
+            else:
+                self._completed(result, reason, wait_s)
+        if self._queue and self._failed is None:
+            self._kick()  # the records queued during this batch: at once
+        else:
+            self._notify_idle()
+        if self.after_batch is not None:
+            self.after_batch()
+
+    def _completed(self, result: _BatchResult, reason: str, wait_s: float) -> None:
+        futs = self._inflight
+        self._inflight = []
+        records = len(futs)
         self._synced_position = (result.seq, result.offset)
         self._batches += 1
-        self._records += len(records)
+        self._records += records
         self._bytes += result.nbytes
         self._flush_reasons[reason] += 1
         self._write_s_sum += result.write_s
@@ -482,28 +555,35 @@ class Journal:
         if result.fsync_s > self._fsync_s_max:
             self._fsync_s_max = result.fsync_s
         self.fsync_latency.observe(result.fsync_s)
-        self.batch_records.observe(len(records))
-        if len(records) > self._batch_records_max:
-            self._batch_records_max = len(records)
+        self.batch_records.observe(records)
+        if records > self._batch_records_max:
+            self._batch_records_max = records
         if wait_s > self._batch_wait_s_max:
             self._batch_wait_s_max = wait_s
-
-        self._inflight = []
-        self._pending -= len(futs)
-        synced = JournalSync(result.start_ns, result.end_ns, len(records), result.nbytes)
+        self._pending -= records
+        if self._space_waiters and self._pending < self._low_water:
+            self._wake_space_waiters()  # (first: a producer paused for room resumes
+            # no later than what the answers below wake)
+        synced = JournalSync(result.start_ns, result.end_ns, records, result.nbytes)
         for fut in futs:
             if fut is not None and not fut.done():
                 fut.set_result(synced)
-        if self._space_waiters and self._pending < self._low_water:
-            self._wake_space_waiters()
-        return True
+
+    def _notify_idle(self) -> None:
+        if self._idle_waiters and self._idle():
+            waiters = self._idle_waiters
+            self._idle_waiters = []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
 
     def fail(self, exc: BaseException) -> None:
         """Fail the journal from outside, as a failed fsync of its own would: what is
         queued fails, every later append raises (the storage behind it could no longer
         keep what the journal acknowledges; a restart replays the journal)."""
         self._set_failed(exc)
-        self._wakeup.set()
+        self._cancel_handles()
+        self._notify_idle()
 
     def _set_failed(self, exc: BaseException) -> None:
         if self._failed is None:

@@ -157,28 +157,14 @@ class RequestProcessor:
             if span is not None:
                 self._end_add_spans([(span, status)])
             return
-        try:
-            fut = self.storage.add_entry(req.ledger_id, req.entry_id, req.master_key, req.body)
-        except (TooManyRequestsError, BookieIOError) as exc:
-            status = Status.TOO_MANY_REQUESTS if isinstance(exc, TooManyRequestsError) \
-                else Status.IO_ERROR
-            conn.respond(AddResponse(req.request_id, status, req.ledger_id, req.entry_id))
-            if span is not None:
-                self._end_add_spans([(span, status)])
-            return
         counters = self.counters
-        counters["adds"] += 1
-        counters["add_bytes"] += len(req.body)
-        self._inflight_adds += 1
-        self._drained.clear()
         loop = self._loop
         started = loop.time()
-        if req.lac >= 0 and self.storage.update_lac(req.ledger_id, req.lac):
-            self._notify_lac(req.ledger_id)
 
-        def done(f: asyncio.Future[JournalSync]) -> None:
+        def done(synced: JournalSync | BaseException) -> None:
+            # called by the journal in the loop turn its group commit completed
             self._add_answered()
-            ok = not f.cancelled() and f.exception() is None
+            ok = not isinstance(synced, BaseException)
             if not ok:
                 counters["add_errors"] += 1
             conn.respond_frame(encode_add_response(req.request_id, Status.OK if ok
@@ -187,9 +173,24 @@ class RequestProcessor:
             self.add_latency.observe(loop.time() - started)
             if span is not None:
                 self._end_add_spans([(span, Status.OK if ok else Status.IO_ERROR)],
-                                    f.result() if ok else None)
+                                    synced if isinstance(synced, JournalSync) else None)
 
-        fut.add_done_callback(done)
+        try:
+            self.storage.add_entries_then(req.ledger_id, [req.entry_id], req.master_key,
+                                          [req.body], done)
+        except (TooManyRequestsError, BookieIOError) as exc:
+            status = Status.TOO_MANY_REQUESTS if isinstance(exc, TooManyRequestsError) \
+                else Status.IO_ERROR
+            conn.respond(AddResponse(req.request_id, status, req.ledger_id, req.entry_id))
+            if span is not None:
+                self._end_add_spans([(span, status)])
+            return
+        counters["adds"] += 1
+        counters["add_bytes"] += len(req.body)
+        self._inflight_adds += 1
+        self._drained.clear()
+        if req.lac >= 0 and self.storage.update_lac(req.ledger_id, req.lac):
+            self._notify_lac(req.ledger_id)
         if self.storage.journal_queue_entries >= self._queue_high:
             self._apply_backpressure(conn)
 
@@ -228,38 +229,13 @@ class RequestProcessor:
         loop = self._loop
         storage = self.storage
         accepted = len(entry_ids)
-        fut = None
-        if accepted:
-            refused = Status.OK
-            try:
-                fut = storage.add_entries(ledger_id, entry_ids, req.master_key, bodies)
-            except TooManyRequestsError:
-                refused = Status.TOO_MANY_REQUESTS
-            except BookieIOError:
-                refused = Status.IO_ERROR
-            if fut is None:
-                for i in (range(n) if good is None else good):
-                    statuses[i] = refused
-                accepted = 0
-        if req.lac >= 0 and (fut is not None or storage.ledger(ledger_id) is not None) \
-                and storage.update_lac(ledger_id, req.lac):
-            self._notify_lac(ledger_id)
-        if fut is None:  # nothing was accepted: answer now
-            conn.respond_frame(encode_add_batch_response(req.request_id, Status.OK, ledger_id,
-                                                         req.entry_ids, statuses))
-            if spans:
-                self._end_add_spans([(span, Status(statuses[i])) for i, span in spans])
-            return
         counters = self.counters
-        counters["adds"] += accepted
-        counters["add_bytes"] += sum(map(len, bodies))
-        self._inflight_adds += accepted
-        self._drained.clear()
         started = loop.time()
 
-        def done(f: asyncio.Future[JournalSync]) -> None:
+        def done(synced: JournalSync | BaseException) -> None:
+            # called by the journal in the loop turn its group commit completed
             self._add_answered(accepted)
-            ok = not f.cancelled() and f.exception() is None
+            ok = not isinstance(synced, BaseException)
             if not ok:
                 for i in (range(n) if good is None else good):
                     statuses[i] = Status.IO_ERROR
@@ -269,9 +245,35 @@ class RequestProcessor:
             self.add_latency.observe(loop.time() - started, accepted)
             if spans:
                 self._end_add_spans([(span, Status(statuses[i])) for i, span in spans],
-                                    f.result() if ok else None)
+                                    synced if isinstance(synced, JournalSync) else None)
 
-        fut.add_done_callback(done)
+        queued = False
+        if accepted:
+            refused = Status.OK
+            try:
+                storage.add_entries_then(ledger_id, entry_ids, req.master_key, bodies, done)
+                queued = True
+            except TooManyRequestsError:
+                refused = Status.TOO_MANY_REQUESTS
+            except BookieIOError:
+                refused = Status.IO_ERROR
+            if not queued:
+                for i in (range(n) if good is None else good):
+                    statuses[i] = refused
+                accepted = 0
+        if req.lac >= 0 and (queued or storage.ledger(ledger_id) is not None) \
+                and storage.update_lac(ledger_id, req.lac):
+            self._notify_lac(ledger_id)
+        if not queued:  # nothing was accepted: answer now
+            conn.respond_frame(encode_add_batch_response(req.request_id, Status.OK, ledger_id,
+                                                         req.entry_ids, statuses))
+            if spans:
+                self._end_add_spans([(span, Status(statuses[i])) for i, span in spans])
+            return
+        counters["adds"] += accepted
+        counters["add_bytes"] += sum(map(len, bodies))
+        self._inflight_adds += accepted
+        self._drained.clear()
         if storage.journal_queue_entries >= self._queue_high:
             self._apply_backpressure(conn)
 

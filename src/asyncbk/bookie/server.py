@@ -189,6 +189,9 @@ class BookieServer:
                 requests_max=cfg.connection_requests_max,
                 idle_timeout_s=cfg.connection_idle_timeout_s,
             )
+            for part in self.storage.per_directory:
+                # a group commit's answers go out in the loop turn it completed
+                part.journal.after_batch = self.listener.write_answers
             self._acceptor = await ctx.network.listen(self.listener, cfg.host, cfg.port)
             info: dict[str, Any] = {"version": __version__,
                                     LOCATION_KEY: normalize_location(cfg.rack)}

@@ -112,7 +112,7 @@ class ServerConnection(asyncio.Protocol):
         self._out.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            self._server.answer_later(self)
 
     def pause_reading(self, reason: str) -> None:
         if not self._reading_paused_by and self._transport is not None:
@@ -302,6 +302,28 @@ class BookieListener:
         self.connections: set[ServerConnection] = set()
         self.protocol_errors = 0
         self._server: asyncio.Server | None = None
+        self._answering: list[ServerConnection] = []  # connections with answers to write
+        self._answer_handle: asyncio.Handle | None = None
+
+    def answer_later(self, conn: ServerConnection) -> None:
+        """``conn`` has answers queued: write them at the end of this loop turn (one
+        write per connection for all the answers the turn made), or sooner, when the
+        bookie calls :meth:`write_answers` (after a group commit's answers)."""
+        self._answering.append(conn)
+        if self._answer_handle is None:
+            self._answer_handle = conn._loop.call_soon(self._answer_soon)
+
+    def _answer_soon(self) -> None:
+        self._answer_handle = None
+        self.write_answers()
+
+    def write_answers(self) -> None:
+        """Write every queued answer now, one write per connection."""
+        conns = self._answering
+        if conns:
+            self._answering = []
+            for conn in conns:
+                conn._flush()
 
     def set_tokens(self, tokens: Sequence[bytes]) -> int:
         """Use ``tokens`` from now on (a listener made without tokens stays without).

@@ -54,7 +54,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..errors import CookieError
 
@@ -485,17 +485,41 @@ class _InlineWorker:
     def __init__(self, offload: InlineOffload, threads: int) -> None:
         self._offload = offload
         self._slots = asyncio.Lock() if threads == 1 else asyncio.Semaphore(threads)
+        self._submitted: set[asyncio.Task[None]] = set()
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         async with self._slots:  # FIFO: one-thread workers keep their order
             return await self._offload.run(fn, *args)
 
+    def submit(self, fn: Callable[..., T], args: tuple[Any, ...],
+               done: Callable[[T | None, BaseException | None], None]) -> None:
+        # a task per call, owned here (awaited by shutdown, cancelled by abandon); it
+        # queues on the same FIFO lock as run(), at once, so the order holds
+        task = asyncio.get_running_loop().create_task(self._call(fn, args, done))
+        self._submitted.add(task)
+        task.add_done_callback(self._submitted.discard)
+
+    async def _call(self, fn: Callable[..., T], args: tuple[Any, ...],
+                    done: Callable[[T | None, BaseException | None], None]) -> None:
+        async with self._slots:
+            try:
+                result = await self._offload.run(fn, *args)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                done(None, exc)
+            else:
+                done(result, None)
+
     async def shutdown(self) -> None:
+        if self._submitted:
+            await asyncio.wait(list(self._submitted))
         async with self._slots:  # the calls under way are done
             pass
 
     def abandon(self) -> None:
-        pass
+        for task in list(self._submitted):
+            task.cancel()
 
 
 class InlineOffload:

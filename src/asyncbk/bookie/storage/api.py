@@ -8,7 +8,7 @@ is the part the request processor needs (a test double need implement no more).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -48,6 +48,13 @@ class RequestStorage(Protocol):
     def add_entries(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
                     bodies: list[bytes]) -> asyncio.Future[JournalSync]:
         """Many entries of one ledger, one future for all (queued all or none)."""
+        ...
+
+    def add_entries_then(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
+                         bodies: list[bytes],
+                         then: Callable[[JournalSync | BaseException], None]) -> None:
+        """``add_entries`` with ``then`` called (with the group commit or the exception)
+        in the loop turn the journal completes them, instead of a future."""
         ...
 
     def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[JournalSync]: ...

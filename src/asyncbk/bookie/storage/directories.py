@@ -171,6 +171,11 @@ class MultiDirStorage:
                     bodies: list[bytes]) -> asyncio.Future[JournalSync]:
         return self._place(ledger_id).add_entries(ledger_id, entry_ids, master_key, bodies)
 
+    def add_entries_then(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
+                         bodies: list[bytes],
+                         then: Callable[[JournalSync | BaseException], None]) -> None:
+        self._place(ledger_id).add_entries_then(ledger_id, entry_ids, master_key, bodies, then)
+
     def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[JournalSync]:
         return self._place(ledger_id).fence(ledger_id, master_key)
 

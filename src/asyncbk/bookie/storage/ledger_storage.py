@@ -10,7 +10,7 @@ capture); reads, recovery and file housekeeping on a small read pool.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -290,19 +290,32 @@ class LedgerStorage:
                     bodies: list[bytes]) -> asyncio.Future[JournalSync]:
         """:meth:`add_entry` for many entries of one ledger, with one future (resolved
         once every record is fsynced and every entry readable), queued all or none."""
+        records, items = self._add_records(ledger_id, entry_ids, master_key, bodies)
+        fut = self._journal.append_batch(records, items)
+        self._adds += len(records)
+        return fut
+
+    def add_entries_then(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
+                         bodies: list[bytes],
+                         then: Callable[[JournalSync | BaseException], None]) -> None:
+        """:meth:`add_entries` with a callback instead of the future: ``then`` gets the
+        group commit's :class:`JournalSync` (or the exception) in the loop turn it
+        completes (:meth:`Journal.append_batch_then`); raises as :meth:`add_entries`."""
+        records, items = self._add_records(ledger_id, entry_ids, master_key, bodies)
+        self._journal.append_batch_then(records, items, then)
+        self._adds += len(records)
+
+    def _add_records(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
+                     bodies: list[bytes]) -> tuple[list[bytes], list[Any]]:
         self._check_open()
         if ledger_id < 0 or not entry_ids or min(entry_ids) < 0:
             raise BadRequestError(f"bad entry ids of ledger {ledger_id}")
         records = encode_adds(ledger_id, entry_ids, bodies)
-        journal = self._journal
         info = self._ledgers.get(ledger_id)
         if info is None:
-            journal.ensure_room(len(records) + 1)
+            self._journal.ensure_room(len(records) + 1)
             info = self._register(ledger_id, master_key)
-        fut = journal.append_batch(records, [(TYPE_ADD, ledger_id, entry_id, info)
-                                             for entry_id in entry_ids])
-        self._adds += len(records)
-        return fut
+        return records, [(TYPE_ADD, ledger_id, entry_id, info) for entry_id in entry_ids]
 
     def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[JournalSync]:
         """Set fenced=True at once in memory (so later adds see it) and journal
