@@ -1,11 +1,13 @@
-"""Optional compiled build of asyncbk's per-entry modules.
+"""The optional compiled build of asyncbk's per-entry modules.
 
 Everything about the package is in pyproject.toml; this file only adds the compiled
-modules.  The modules in ``asyncbk/_compiled_modules.txt`` are compiled with Cython
-(their pure-Python sources are the reference, and stay in the package as the fallback).
-When Cython or a C compiler is missing, or ``ASYNCBK_PURE_BUILD=1`` is set, the build
-says so once and installs the pure-Python package: every feature works, only slower.
-``asyncbk --version`` says which build is installed.
+modules.  By default the package installs as pure Python.  With ``ASYNCBK_COMPILE=1``
+in the environment of the install, the modules in ``asyncbk/_compiled_modules.txt`` are
+compiled with Cython (their pure-Python sources are the reference, and stay in the
+package as the fallback); when Cython or a C compiler is missing, the build says so
+once and installs the pure-Python package, which does everything the compiled one
+does.  ``asyncbk --version`` says which build is installed.  Why compiling is not the
+default (it measured no faster here): docs/build.md.
 """
 
 from __future__ import annotations
@@ -52,14 +54,14 @@ class OptionalBuildExt(build_ext):
             super().run()
         except Exception as exc:  # no compiler at all (CompileError, PlatformError, OSError)
             _say(f"no compiled modules ({type(exc).__name__}: {exc}); "
-                 "installing pure Python (works, slower)")
+                 "installing pure Python")
             return
         if self._failed:
             total = len(self.extensions)
             what = ("no compiled modules" if len(self._failed) == total
                     else f"{len(self._failed)} of {total} modules not compiled")
             _say(f"{what} (first error: {self._first_error}); their pure-Python sources "
-                 "are used (works, slower)")
+                 "are used")
 
     def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
         try:
@@ -71,17 +73,16 @@ class OptionalBuildExt(build_ext):
 
 
 def _extensions() -> list:
-    if os.environ.get("ASYNCBK_PURE_BUILD", "") not in ("", "0"):
-        _say("ASYNCBK_PURE_BUILD is set: installing pure Python")
-        return []
+    if os.environ.get("ASYNCBK_COMPILE", "") in ("", "0"):
+        return []  # the default: pure Python
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     if shutil.which((shlex.split(cc) or ["cc"])[0]) is None:
-        _say(f"no C compiler ({cc!r} not found): installing pure Python (works, slower)")
+        _say(f"no C compiler ({cc!r} not found): installing pure Python")
         return []
     try:
         from Cython.Build import cythonize
     except ImportError:
-        _say("Cython is not installed: installing pure Python (works, slower)")
+        _say("Cython is not installed: installing pure Python")
         return []
     from setuptools import Extension
 

@@ -182,7 +182,7 @@ def analyse(client: list[tuple[str, int]], bookies: list[list[tuple[str, int]]])
     starts = [t for n, t in client if n == "c_append"]
     bt = [[t for _, t in ev] for ev in bookies]
     brecv = [[t for n, t in ev if n == "b_recv"] for ev in bookies]
-    bookie_names = [h[1] for h in HOPS[1:13]]
+    bookie_names = [b for _, b, _ in HOPS if b.startswith("b_")]  # b_recv first
     per_hop: dict[str, list[int]] = collections.defaultdict(list)
     totals: list[int] = []
     skipped = 0

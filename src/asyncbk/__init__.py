@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from . import build as _build
 
-if _build.pure_requested():  # ASYNCBK_PURE=1: the pure-Python reference, even if compiled
-    _build.install_pure_finder()
+# ASYNCBK_PURE=1: the pure-Python reference, even if compiled (and a stale compiled
+# module never): before any compiled module can be imported
+_build.install_finder()
 
-from . import errors
-from ._version import __version__
-from .types import LedgerEntry
+from . import errors  # noqa: E402
+from ._version import __version__  # noqa: E402
+from .types import LedgerEntry  # noqa: E402
 
 if TYPE_CHECKING:
     from .client.client import PlacementSpec

@@ -92,16 +92,17 @@ def _source_copy(dest: Path) -> Path:
 def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(sdist, wheel): the sdist built from the sources, the wheel built from the sdist
     (``python -m build`` without --sdist/--wheel does exactly that), so a file missing
-    from the sdist is missing from the wheel too.  Built as on a machine without a C
-    compiler (``CC`` names none): the pure-Python wheel, which must work everywhere (CI's
-    own install is the compiled build, checked by tests/unit/test_compiled.py)."""
+    from the sdist is missing from the wheel too.  Built with ``ASYNCBK_COMPILE=1`` as
+    on a machine without a C compiler (``CC`` names none): the compiled build falls back
+    to the pure-Python wheel, the default build, which must work everywhere (CI's own
+    install is the compiled build, checked by tests/unit/test_compiled.py)."""
     pytest.importorskip("build")
     root = tmp_path_factory.mktemp("dist")
     src = _source_copy(root / "src")
     out = root / "out"
     t0 = time.monotonic()
     _run([sys.executable, "-m", "build", "--outdir", str(out), str(src)], BUILD_TIMEOUT_S,
-         env={**_clean_env(), "CC": "asyncbk-test-no-such-compiler"})
+         env={**_clean_env(), "ASYNCBK_COMPILE": "1", "CC": "asyncbk-test-no-such-compiler"})
     sys.stderr.write(f"build: {time.monotonic() - t0:.1f}s\n")
     sdists = list(out.glob("asyncbk-*.tar.gz"))
     wheels = list(out.glob("asyncbk-*.whl"))
@@ -156,8 +157,8 @@ def venv(dists: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> 
 def test_the_installed_command_runs(venv: Path, tmp_path: Path) -> None:
     done = _run([str(venv / "bin" / "asyncbk"), "--version"], 60, cwd=tmp_path,
                 env=_clean_env(venv))
-    assert done.stdout.strip() == (f"asyncbk {__version__} (pure Python (no compiled modules: "
-                                   "installed without Cython or a C compiler))")
+    assert done.stdout.strip() == (f"asyncbk {__version__} (pure Python (no compiled modules; "
+                                   "ASYNCBK_COMPILE=1 at install compiles them))")
     where = _run([str(venv / "bin" / "python"), "-c",
                   "import asyncbk, sys; print(asyncbk.__file__); print(sys.prefix)"], 60,
                  cwd=tmp_path, env=_clean_env(venv)).stdout.split()

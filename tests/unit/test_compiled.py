@@ -92,3 +92,35 @@ def test_property_tests_pass_against_the_pure_sources() -> None:
         env=_env(**{PURE_ENV: "1"}), cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and " failed" not in done.stdout
+
+
+def test_a_stale_compiled_module_gives_way_to_its_source(tmp_path: Path) -> None:
+    """An edited source in an editable install, not rebuilt: the finder imports the
+    source (with a warning), never the older compiled module."""
+    import time
+    import warnings
+
+    from asyncbk.build import SourceFinder
+
+    source = tmp_path / "mod.py"
+    source.write_text("X = 1\n")
+    ext = tmp_path / ("mod" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    ext.write_bytes(b"")
+    now = time.time()
+    finder = SourceFinder(frozenset({"pkg.mod"}), pure=False)
+    os.utime(ext, (now, now))
+    os.utime(source, (now - 60, now - 60))
+    assert finder.find_spec("pkg.mod", [str(tmp_path)]) is None  # fresh: the extension
+    assert finder.find_spec("pkg.other", [str(tmp_path)]) is None  # not listed
+    os.utime(source, (now + 60, now + 60))  # edited after the build
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = finder.find_spec("pkg.mod", [str(tmp_path)])
+    assert spec is not None and spec.origin == str(source)
+    assert finder.stale == ["pkg.mod"]
+    assert any("older than" in str(w.message) and "rebuild" in str(w.message)
+               for w in caught)
+    pure = SourceFinder(frozenset({"pkg.mod"}), pure=True)
+    os.utime(source, (now - 60, now - 60))
+    spec = pure.find_spec("pkg.mod", [str(tmp_path)])
+    assert spec is not None and spec.origin == str(source)  # ASYNCBK_PURE: always
