@@ -84,6 +84,18 @@ def bench_tracing(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_speed(session: nox.Session) -> None:
+    """This tree against a base commit and its pure-Python build against the compiled
+    one, interleaved: pipelined (256 in flight) and sequential appends, CPU per entry on
+    each side (about 2 minutes a round).  ``nox -s bench_speed -- --base REF --rounds 3
+    --variants base,pure,compiled``; the compiled variant needs the compiled build
+    (``ASYNCBK_COMPILE=1 pip install -e .``)."""
+    session.install("-e", ".[bench]")
+    session.run("python", "benchmarks/speed.py", "--json", "bench-results/speed.json",
+                *session.posargs)
+
+
+@nox.session
 def bench_placement(session: nox.Session) -> None:
     """Write throughput and latency of the placement policies (random, rack-aware,
     region-aware) in the same run, on six bookies in 2 regions x 3 racks, each on a host

@@ -16,7 +16,7 @@ and each variant's ratio to the first one given in ``--variants``.  CPU per entr
 each process's CPU time (user + system, from /proc, over the measured window) divided
 by the entries; "bookie" is the mean of the three bookies.
 
-    python benchmarks/speed.py --base REF [--rounds 3] [--variants base,compiled]
+    python benchmarks/speed.py --base REF [--rounds 3] [--variants base,pure,compiled]
         [--entries 100000] [--sequential-entries 3000] [--json FILE]
 """
 
@@ -75,7 +75,7 @@ def main() -> None:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--base", default=None, help="the commit to compare with (needed for "
                    "the base variant)")
-    p.add_argument("--variants", default="base,compiled",
+    p.add_argument("--variants", default="base,pure",
                    help=f"comma-separated, of {', '.join(VARIANTS)}; the first is the baseline")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--entries", type=int, default=100_000, help="pipelined entries per run")
@@ -90,6 +90,13 @@ def main() -> None:
         p.error(f"--variants: choose from {', '.join(VARIANTS)}")
     if "base" in variants and not args.base:
         p.error("the base variant needs --base REF")
+    if "compiled" in variants:
+        from asyncbk.build import build_info
+
+        if build_info().kind != "compiled":
+            p.error("the compiled variant needs the compiled build installed "
+                    "(ASYNCBK_COMPILE=1 python -m pip install -e .); this one is "
+                    f"{build_info().describe()}")
     loads = [("pipelined", args.inflight, args.entries)]
     if args.sequential_entries:
         loads.append(("sequential", 1, args.sequential_entries))

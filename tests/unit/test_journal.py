@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from asyncbk.bookie import fileio as fileio_mod
-from asyncbk.bookie.journal import Journal, list_journal_files
+from asyncbk.bookie.journal import Journal
+from asyncbk.bookie.journal_files import list_journal_files
 from asyncbk.bookie.journal_format import AddRecord, Record, decode_records, encode_add
 from asyncbk.config import BookieConfig
 from asyncbk.errors import BookieIOError, TooManyRequestsError

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncbk.bookie import fileio as fileio_mod
-from asyncbk.bookie.journal import list_journal_files
+from asyncbk.bookie.journal_files import list_journal_files
 from asyncbk.bookie.journal_format import encode_add
 from asyncbk.bookie.storage import ENTRYLOG_DIR, LedgerStorage, read_checkpoint
 from asyncbk.clock import ManualClock

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from asyncbk.bookie.journal import list_journal_files
+from asyncbk.bookie.journal_files import list_journal_files
 from asyncbk.bookie.storage import ENTRYLOG_DIR
 from asyncbk.bookie.storage.directories import (
     LOG_ID_BITS,

@@ -76,7 +76,8 @@ from ..errors import BookieIOError, TooManyRequestsError
 from ..log import get_logger
 from ..stats import LatencyHistogram
 from .fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload
-from .journal_format import journal_file_name, parse_journal_file_name
+from .journal_files import list_journal_files, shrink_then_unlink
+from .journal_format import journal_file_name
 
 T = TypeVar("T")
 
@@ -86,43 +87,6 @@ FSYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.
                    1.0)
 BATCH_RECORDS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 """Upper bounds of the fsync latency histogram buckets (plus one overflow bucket)."""
-
-
-DELETE_STEP_BYTES = 16 * 1024 * 1024
-"""Journal files are truncated this much at a time before they are unlinked."""
-
-
-def shrink_then_unlink(io: FileIO, path: Path, step: int = DELETE_STEP_BYTES,
-                       pause_s: float = 0.002) -> None:
-    """Unlink a large file without one long filesystem stall: freeing 256 MB at once
-    held up concurrent fdatasyncs of the journal on the same disk by tens of ms."""
-    try:
-        fd = io.open_append(path) if io.file_size(path) > step else -1
-    except FileNotFoundError:
-        return
-    if fd >= 0:
-        try:
-            size = io.size(fd)
-            while size > step:
-                size -= step
-                io.truncate(fd, size)
-                # A worker thread (never the loop) letting the real disk breathe: not
-                # behaviour in time, so not the injected clock.
-                time.sleep(pause_s)
-        finally:
-            io.close(fd)
-    io.unlink(path, missing_ok=True)
-
-
-def list_journal_files(directory: Path, io: FileIO = OS_FILE_IO) -> list[tuple[int, Path]]:
-    """``(seq, path)`` of every journal file in ``directory``, by seq."""
-    out: list[tuple[int, Path]] = []
-    for name, _size in io.list_dir(directory):
-        seq = parse_journal_file_name(name)
-        if seq is not None:
-            out.append((seq, Path(directory) / name))
-    out.sort()
-    return out
 
 
 class BatchSink(Protocol):

@@ -200,7 +200,7 @@ def _unexpected(what: str, resp: Any, expected: type) -> BKError:
 
 
 def _lastmark(args: argparse.Namespace) -> int:
-    from ..bookie.journal import list_journal_files
+    from ..bookie.journal_files import list_journal_files
     from ..bookie.storage import read_checkpoint
 
     ledger_dir, journal_dir = Path(args.ledger_dir), Path(args.journal_dir)

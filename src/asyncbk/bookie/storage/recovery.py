@@ -37,7 +37,7 @@ from typing import Any
 from ...config import BookieConfig
 from ...errors import BookieIOError, ConfigError
 from ..fileio import OS_FILE_IO, FileIO
-from ..journal import list_journal_files
+from ..journal_files import list_journal_files
 from ..journal_format import (
     TYPE_ADD,
     TYPE_DELETE_LEDGER,
