@@ -28,22 +28,15 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tracing import export_src
+
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("base", "pure", "compiled")
-
-
-def export_src(ref: str, into: Path) -> Path:
-    tar = subprocess.run(["git", "archive", "--format=tar", ref, "src"], cwd=ROOT,
-                         capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=BytesIO(tar)) as t:
-        t.extractall(into, filter="data")
-    return into / "src"
 
 
 def run(variant: str, base_src: Path | None, inflight: int, entries: int, size: int,

@@ -362,3 +362,27 @@ async def test_append_batch_fails_whole_on_fsync_failure(
     with pytest.raises(BookieIOError):
         j.append_batch([rec(3)], [None])
     await j.close()
+
+
+async def test_a_failing_callback_leaves_the_batch_s_other_waiters_completed(
+        tmp_path: Path) -> None:
+    j = await started(tmp_path)
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    got: list[Any] = []
+    try:
+        def broken(outcome: Any) -> None:
+            raise RuntimeError("a bug in the caller")
+
+        j.append_batch_then([rec(0)], [None], broken)
+        j.append_batch_then([rec(1)], [None], got.append)
+        fut = j.append(rec(2))
+        await asyncio.wait_for(fut, 10)
+        assert len(got) == 1 and not isinstance(got[0], BaseException)
+        assert got[0].records >= 2  # one group commit covered them
+        assert [type(c["exception"]) for c in reported] == [RuntimeError]
+        assert not j.failed
+    finally:
+        loop.set_exception_handler(None)
+        await j.close()

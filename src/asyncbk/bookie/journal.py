@@ -148,12 +148,19 @@ class Then:
         return self._done
 
     def set_result(self, result: JournalSync, /) -> None:
-        self._done = True
-        self.fn(result)
+        self._call(result)
 
     def set_exception(self, exc: BaseException, /) -> None:
+        self._call(exc)
+
+    def _call(self, outcome: JournalSync | BaseException) -> None:
         self._done = True
-        self.fn(exc)
+        try:
+            self.fn(outcome)
+        except Exception as exc:  # reported as a future's failed callback would be; the
+            # batch's other waiters are still completed
+            asyncio.get_running_loop().call_exception_handler({
+                "message": "a journal waiter's callback failed", "exception": exc})
 
 
 # A queued record: (encoded record, sink item, waiter or None, loop time enqueued)
