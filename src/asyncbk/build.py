@@ -13,6 +13,7 @@ warning saying how to rebuild.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -28,8 +29,10 @@ PURE_ENV = "ASYNCBK_PURE"
 _LIST = Path(__file__).with_name("_compiled_modules.txt")
 
 
+@functools.cache
 def compiled_module_names() -> tuple[str, ...]:
-    """The modules the build compiles when it can, in the order the list gives."""
+    """The modules the build compiles when it can, in the order the list gives (read
+    once, when ``asyncbk`` is imported)."""
     names = []
     for line in _LIST.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
@@ -114,12 +117,16 @@ class BuildInfo:
         return f"compiled: {total} of {total} per-entry modules (Cython)"
 
 
-def build_info() -> BuildInfo:
-    """Where each listed module loads from, without importing any of them."""
+def build_info(*, loaded_only: bool = False) -> BuildInfo:
+    """Where each listed module loads from, without importing any of them (finding
+    one not imported yet reads its directory); ``loaded_only``: only the modules this
+    process has imported, from memory (what a running bookie or client logs)."""
     compiled: list[str] = []
     pure: list[str] = []
     for name in compiled_module_names():
         module = sys.modules.get(name)
+        if module is None and loaded_only:
+            continue
         spec = module.__spec__ if module is not None else importlib.util.find_spec(name)
         origin = (spec.origin or "") if spec is not None else ""
         if origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
@@ -140,7 +147,7 @@ def log_build_once(log: Any) -> BuildInfo | None:
     if _said:
         return None
     _said = True
-    info = build_info()
+    info = build_info(loaded_only=True)  # (no file system access: called on the loop)
     if info.kind == "partly compiled":
         log.warning("asyncbk runs partly compiled", build=info.describe())
     else:

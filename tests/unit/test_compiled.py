@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import asyncbk
 from asyncbk.build import PURE_ENV, build_info, compiled_module_names
 
@@ -124,3 +126,28 @@ def test_a_stale_compiled_module_gives_way_to_its_source(tmp_path: Path) -> None
     os.utime(source, (now - 60, now - 60))
     spec = pure.find_spec("pkg.mod", [str(tmp_path)])
     assert spec is not None and spec.origin == str(source)  # ASYNCBK_PURE: always
+
+
+def test_the_logged_build_reads_no_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a bookie or client logs at start (on the event loop) comes from memory:
+    the modules it imported, the list read when asyncbk was imported."""
+    import asyncbk.build as build
+    import asyncbk.proto.framing  # noqa: F401  (a listed module, imported)
+
+    def no_finding(*args: object, **kwargs: object) -> None:
+        raise AssertionError("find_spec called")
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_finding)
+    monkeypatch.setattr(build, "_said", False)
+    logged: list[tuple[str, dict[str, object]]] = []
+
+    class Log:
+        def info(self, event: str, **kw: object) -> None:
+            logged.append((event, kw))
+
+        warning = info
+
+    info = build.log_build_once(Log())
+    assert info is not None and "asyncbk.proto.framing" in info.compiled + info.pure
+    assert logged and logged[0][0].startswith("asyncbk")
+    assert build.log_build_once(Log()) is None and len(logged) == 1  # once per process
