@@ -35,7 +35,7 @@ MARKS: list[tuple[str, str, str, str]] = [
      "c_write", "inside"),
     ("net/channel.py", "    def data_received(self, data: bytes) -> None:\n        self._answered = True",
      "c_recv", "after"),
-    ("client/ledger.py", "op.future.set_result(entry_id)", "c_resolve", "before"),
+    ("client/ledger.py", "future.set_result(entry_id)", "c_resolve", "before"),
     ("net/server.py", "    def data_received(self, data: bytes) -> None:\n        try:\n"
      "            bodies = self._decoder.feed(data)", "b_recv", "inside"),
     ("bookie/journal.py", "        q = self._queue\n        was_empty = not q", "b_enq", "before"),

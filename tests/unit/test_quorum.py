@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncbk.client.quorum import stores_entry, write_set
-from asyncbk.client.write_path import AckSet
+from asyncbk.client.write_path import COMPLETE_TABLE_POSITIONS_MAX, WritePath
 
 
 @st.composite
@@ -45,26 +45,40 @@ def test_every_bookie_gets_an_equal_share() -> None:
 
 
 @given(q=quorums(), data=st.data())
-def test_ack_set_against_model(q: tuple[int, int, int], data: st.DataObject) -> None:
+def test_completion_at_the_ack_quorum(q: tuple[int, int, int], data: st.DataObject) -> None:
+    """An entry completes once ``Qa`` positions of its write set acknowledged it, in any
+    order, repeated acknowledgements counting once (the write path's table of ack
+    quorums by bitmask)."""
     e, w, a = q
-    positions = write_set(data.draw(st.integers(0, 100)), e, w)
-    events = data.draw(st.lists(st.tuples(st.sampled_from(positions), st.booleans()), max_size=20))
-    acks = AckSet(w, a)
-    acked: set[int] = set()
-    failed: set[int] = set()
-    for pos, ok in events:
-        if ok:
-            acks.ack(pos)
-            acked.add(pos)
-            failed.discard(pos)
-        else:
-            acks.fail(pos)
-            if pos not in acked:
-                failed.add(pos)
-        assert acks.complete == (len(acked) >= a)
-        assert acks.broken == (w - len(failed) < a)
-        # Complete and broken at once is impossible: acks and failures are disjoint.
-        assert not (acks.complete and acks.broken) or len(acked) + len(failed) > w
+    bookies = [f"b{i}" for i in range(e)]
+    wp = WritePath(bookies, w, a)
+    entry = data.draw(st.integers(0, 20))
+    for i in range(entry + 1):
+        wp.submit(i)
+    for i in range(entry):
+        for p in wp.write_set(i):
+            wp.ack(i, p, bookies[p])
+    assert wp.lac == entry - 1
+    events = data.draw(st.lists(st.sampled_from(wp.write_set(entry)), max_size=3 * w))
+    seen: set[int] = set()
+    for p in events:
+        before = wp.lac == entry
+        fx = wp.ack(entry, p, bookies[p])
+        seen.add(p)
+        assert (wp.lac == entry) == (len(seen) >= a)
+        assert fx.completed == ((entry,) if wp.lac == entry and not before else ())
+
+
+def test_large_ensembles_count_acknowledgements() -> None:
+    """Ensembles past the table's size count the bits instead."""
+    e = COMPLETE_TABLE_POSITIONS_MAX + 2
+    bookies = [f"b{i}" for i in range(e)]
+    wp = WritePath(bookies, e, e - 3)
+    wp.submit(0)
+    for p in range(e - 4):
+        wp.ack(0, p, bookies[p])
+    assert wp.lac == -1
+    assert wp.ack(0, e - 1, bookies[e - 1]).completed == (0,)
 
 
 def test_brute_force_all_small_orders() -> None:
@@ -72,6 +86,8 @@ def test_brute_force_all_small_orders() -> None:
         if a > w:
             continue
         for order in itertools.permutations(range(w)):
-            acks = AckSet(w, a)
+            wp = WritePath([f"b{i}" for i in range(w)], w, a)
+            wp.submit(0)
             for i, pos in enumerate(order, 1):
-                assert acks.ack(pos) == (i >= a)
+                assert (wp.ack(0, pos, f"b{pos}").completed == (0,)) == (i == a)
+                assert (wp.lac == 0) == (i >= a)

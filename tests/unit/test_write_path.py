@@ -21,7 +21,7 @@ from hypothesis.stateful import (
 )
 
 from asyncbk.client.quorum import write_set
-from asyncbk.client.write_path import NOTHING, Effects, WritePath
+from asyncbk.client.write_path import NOTHING, RING_CUT_MIN, Effects, WritePath
 from asyncbk.config import ClientConfig
 from asyncbk.errors import InvariantError
 from asyncbk.testing.sim import SimCluster, run_sim
@@ -109,11 +109,15 @@ class WritePathMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ rules
 
     @precondition(lambda self: not self.halted and self.next - self.lac <= PENDING_MAX)
-    @rule()
-    def submit(self) -> None:
+    @rule(hot=st.booleans())
+    def submit(self, hot: bool) -> None:
         entry_id = self.wp.next_entry_id
         assert entry_id == self.next
-        fx = self.wp.submit(entry_id)
+        if hot:  # the handle's hot path: submit_to, the same decision without Effects
+            positions, lac = self.wp.submit_to(entry_id)
+            fx = Effects(tuple((entry_id, p) for p in positions), lac) if positions else NOTHING
+        else:
+            fx = self.wp.submit(entry_id)
         self.next += 1
         self.valid[entry_id] = set()
         self.sent[entry_id] = False
@@ -354,6 +358,26 @@ def test_recovery_piggybacks_no_lac_and_explicit_lac() -> None:
     writer.ack(0, 1, "b1")
     assert writer.submit(1).lac == 0  # piggybacked: no explicit LAC needed
     assert writer.explicit_lac() is None
+
+
+def test_long_runs_cut_the_ring() -> None:
+    """Thousands of entries, acknowledged in batches out of order by position: every
+    one completes once, in order, across the cuts of the acknowledgements' list."""
+    bookies = ["a", "b", "c"]
+    wp = WritePath(bookies, 3, 2)
+    completed: list[int] = []
+    batch = 100
+    for start in range(0, 5000, batch):
+        ids = list(range(start, start + batch))
+        for entry_id in ids:
+            wp.submit(entry_id)
+        completed += wp.ack_many(ids[1::2], 2, "c").completed  # (not consecutive)
+        completed += wp.ack_many(ids, 1, "b").completed
+        assert wp.lac == start - 1 if start else wp.lac == -1
+        completed += wp.ack_many(ids, 0, "a").completed
+        assert wp.lac == start + batch - 1 and wp.pending == 0
+    assert completed == list(range(5000))
+    assert len(wp._acks) < 2 * RING_CUT_MIN
 
 
 def test_fail_all_fails_the_pending_only() -> None:

@@ -31,7 +31,6 @@ pending add with the cause and refuses later appends with it.
 from __future__ import annotations
 
 import asyncio
-import collections
 
 from ..backoff import Backoff
 from ..clock import loop_timer
@@ -52,10 +51,11 @@ from ..errors import (
 )
 from ..meta.model import Ensemble, Fragment, LedgerMetadata, LedgerState
 from ..proto import AddFlag, AddResponse, Response, Status, WriteLacRequest
-from ..tracing import Span, Tracing
+from ..tracing import Tracing
 from ..types import BookieId
 from .context import ClientContext
 from .outbox import Outbox
+from .pending import PendingAppends
 from .placement import PlacementPolicy
 from .read_handle import (
     FRAME_OVERHEAD_BYTES_MAX,
@@ -78,25 +78,6 @@ ENSEMBLE_CHANGE_BACKOFF_S_INITIAL = 0.05
 """The first wait of an ensemble change with no replacement (doubling up to
 ``ensemble_change_backoff_s_max``; a registry change ends a wait early)."""
 
-
-
-class _PendingAdd:
-    """What the handle keeps of an entry until it completes (its acknowledgements are
-    the write path's)."""
-
-    __slots__ = ("body", "entry_id", "future", "span", "submitted_s", "total_length", "trace")
-
-    def __init__(self, entry_id: int, total_length: int, body: bytes,
-                 future: asyncio.Future[int], submitted_s: float) -> None:
-        self.entry_id = entry_id
-        self.total_length = total_length
-        self.body = body
-        self.future = future
-        self.submitted_s = submitted_s
-        self.span: Span = None
-        """Tracing: the append's span (None when the client does not trace)."""
-        self.trace = b""
-        """Tracing: the span's context, sent with the entry."""
 
 
 class LedgerHandle(ReadHandle):
@@ -129,8 +110,8 @@ class LedgerHandle(ReadHandle):
         # end that wins (they trust the bookies' LAC while the ledger looks open).
         self._writes = WritePath(metadata.ensembles[-1][1], metadata.write_quorum,
                                  metadata.ack_quorum, lac=lac, publish_lac=not recovery)
-        self._ops: collections.deque[_PendingAdd] = collections.deque()
-        """Pending entries, in id order (the same as the write path's)."""
+        self._pending = PendingAppends(lac + 1, traced=self._tracing is not None)
+        """Pending entries, in id order (the same as the write path's), as data."""
         self._length = length
         self._submitted_length = length
         self._error: BKError | None = None
@@ -164,7 +145,7 @@ class LedgerHandle(ReadHandle):
 
     @property
     def pending_adds(self) -> int:
-        return len(self._ops)
+        return len(self._pending)
 
     @property
     def placement(self) -> PlacementPolicy:
@@ -209,23 +190,29 @@ class LedgerHandle(ReadHandle):
             raise LedgerClosedError(f"ledger {self.id} is closed")
         if self._error is not None:
             raise self._error
-        if len(self._ops) >= self._pending_max:
+        if len(self._pending) >= self._pending_max:
             raise TooManyRequestsError(
-                f"ledger {self.id}: {len(self._ops)} appends in flight (pending_adds_max); "
+                f"ledger {self.id}: {len(self._pending)} appends in flight (pending_adds_max); "
                 "await earlier appends or wait_for_capacity()")
 
     def _enqueue(self, entry_id: int, total_length: int, body: bytes) -> asyncio.Future[int]:
         fut: asyncio.Future[int] = self._loop.create_future()
-        op = _PendingAdd(entry_id, total_length, body, fut, self._now_s())
+        pending = self._pending
+        trace = b""
         if self._tracing is not None:
-            op.span = self._tracing.start("asyncbk.append", {
+            span = self._tracing.start("asyncbk.append", {
                 "asyncbk.ledger_id": self.id, "asyncbk.entry_id": entry_id,
                 "asyncbk.bytes": len(body), "asyncbk.recovery": self._recovery})
-            op.trace = Tracing.wire(op.span)
-        self._ops.append(op)
-        if len(self._ops) >= self._pending_max:
+            trace = Tracing.wire(span)
+            pending.push(fut, body, total_length, self._now_s(), span, trace)
+        else:
+            pending.push(fut, body, total_length, self._now_s())
+        if len(pending) >= self._pending_max:
             self._capacity.clear()
-        self._apply(self._writes.submit(entry_id))
+        writes = self._writes
+        positions, lac = writes.submit_to(entry_id)
+        if positions:
+            self._outbox.queue_entry(entry_id, positions, lac, writes.ensemble, body, trace)
         if self._quorum_timer is None and self._ctx.config.add_quorum_timeout_s:
             self._arm_quorum_timer()
         return fut
@@ -247,31 +234,34 @@ class LedgerHandle(ReadHandle):
 
     def _send(self, sends: tuple[tuple[int, int], ...], lac: int) -> None:
         """Queue ``sends`` for the bookies now at their positions (:class:`Outbox`)."""
-        ops = self._ops
-        self._outbox.queue(sends, lac, self._writes.ensemble, ops, ops[0].entry_id)
+        self._outbox.queue(sends, lac, self._writes.ensemble, self._pending)
 
     def _complete(self, entry_ids: tuple[int, ...]) -> None:
-        ops = self._ops
-        stats = self._ctx.stats
+        pending = self._pending
+        first = entry_ids[0]
+        if first != pending.first:
+            invariant(False, f"ledger {self.id}: completing entry {first}, "
+                      f"the oldest pending is {pending.first}")
+        done = pending.complete(len(entry_ids))
         now_s = self._now_s()
-        for entry_id in entry_ids:
-            op = ops.popleft()
-            if op.entry_id != entry_id:
-                invariant(False, f"ledger {self.id}: completing entry {entry_id}, "
-                          f"the oldest pending is {op.entry_id}")
-            stats.add_latency.observe(now_s - op.submitted_s)
-            if op.span is not None:
-                op.span.end()
-            self._lac = entry_id
-            self._length = op.total_length
-            if not op.future.done():  # (the application may have cancelled it)
-                op.future.set_result(entry_id)
-        if len(ops) < self._pending_max:
+        observe = self._ctx.stats.add_latency.observe
+        for submitted_s in done.submitted_s:
+            observe(now_s - submitted_s)
+        if done.spans is not None:
+            for span in done.spans:
+                if span is not None:
+                    span.end()
+        self._lac = entry_ids[-1]
+        self._length = done.length
+        for entry_id, future in enumerate(done.futures, first):
+            if not future.done():  # (the application may have cancelled it)
+                future.set_result(entry_id)
+        if len(pending) < self._pending_max:
             self._capacity.set()
         self._stalled_since_s = None
         self._stalled_bookies.clear()
         self._schedule_explicit_lac()
-        if not ops:
+        if not len(pending):
             self._wake_drained()
 
     def _fail(self, error: BKError) -> None:
@@ -279,14 +269,17 @@ class LedgerHandle(ReadHandle):
             self._error = error
         self._writes.fail_all()
         self._outbox.discard()
-        ops, self._ops = self._ops, collections.deque()
-        for op in ops:
-            if op.span is not None and self._tracing is not None:
-                self._tracing.failed(op.span, error)
-            if not op.future.done():
-                op.future.set_exception(error)
-                # The application may never await a failed append; don't warn about it.
-                op.future.exception()
+        done = self._pending.clear()
+        if done is not None:
+            if done.spans is not None and self._tracing is not None:
+                for span in done.spans:
+                    if span is not None:
+                        self._tracing.failed(span, error)
+            for future in done.futures:
+                if not future.done():
+                    future.set_exception(error)
+                    # The application may never await a failed append; don't warn.
+                    future.exception()
         self._capacity.set()
         self._cancel_timers()
         self._wake_drained()
@@ -526,15 +519,16 @@ class LedgerHandle(ReadHandle):
 
     def _check_quorum_timeout(self) -> None:
         self._quorum_timer = None
-        if not self._ops or self._error is not None:
+        pending = self._pending
+        if not len(pending) or self._error is not None:
             return
-        head = self._ops[0]
+        head = pending.first
         limit_s = self._ctx.config.add_quorum_timeout_s
-        if self._now_s() - head.submitted_s >= limit_s:
+        if self._now_s() - pending.oldest_submitted_s() >= limit_s:
             self._log.warning("add not acknowledged by an ack quorum in time",
-                              entry_id=head.entry_id, limit_s=limit_s)
+                              entry_id=head, limit_s=limit_s)
             self._fail(TimeoutError(
-                f"ledger {self.id}: entry {head.entry_id} not acknowledged by "
+                f"ledger {self.id}: entry {head} not acknowledged by "
                 f"{self._metadata.ack_quorum} bookies within {limit_s}s"))
             return
         self._arm_quorum_timer()
@@ -595,7 +589,7 @@ class LedgerHandle(ReadHandle):
 
     async def _close(self) -> None:
         try:
-            if self._ops:  # (not the futures: the application may have cancelled some)
+            if len(self._pending):  # (not the futures: the application may have cancelled some)
                 self._drained = self._loop.create_future()
                 await self._drained
             if self._change_task is not None:

@@ -4,7 +4,7 @@ Round-robin striping: entry ``e`` of a fragment whose ensemble has ``E``
 bookies is written to the ``Qw`` consecutive ensemble positions starting at
 ``e mod E``.  Writes, reads, recovery and placement all follow it.  (When an add
 is complete, once ``Qa`` of them have acknowledged it, is the write path's:
-:class:`~asyncbk.client.write_path.AckSet`.)
+:class:`~asyncbk.client.write_path.WritePath`.)
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ The rules (BookKeeper's ``PendingAddOp`` and ``DistributionSchedule``):
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
@@ -42,51 +41,9 @@ from ..types import BookieId
 from .quorum import write_set
 
 
-class AckSet:
-    """Acknowledgements of one add, by ensemble position: complete once ``Qa`` of
-    its write set acknowledged it (in-order completion is :class:`WritePath`'s)."""
-
-    __slots__ = ("_acked", "_failed", "ack_quorum", "write_quorum")
-
-    def __init__(self, write_quorum: int, ack_quorum: int) -> None:
-        self.write_quorum = write_quorum
-        self.ack_quorum = ack_quorum
-        self._acked = 0  # bitmask of positions
-        self._failed = 0
-
-    def ack(self, position: int) -> bool:
-        """Record an ack; True once the ack quorum is reached."""
-        self._acked |= 1 << position
-        self._failed &= ~(1 << position)
-        return self.complete
-
-    def unack(self, position: int) -> None:
-        """Withdraw an ack: after an ensemble change that position is another bookie,
-        which does not have the entry yet."""
-        self._acked &= ~(1 << position)
-
-    def fail(self, position: int) -> bool:
-        """Record a failure; True if the ack quorum can no longer be reached."""
-        if not self._acked >> position & 1:
-            self._failed |= 1 << position
-        return self.broken
-
-    @property
-    def acked(self) -> int:
-        return self._acked.bit_count()
-
-    @property
-    def complete(self) -> bool:
-        return self._acked.bit_count() >= self.ack_quorum
-
-    @property
-    def broken(self) -> bool:
-        return self.write_quorum - self._failed.bit_count() < self.ack_quorum
-
-
 class Effects(NamedTuple):
-    """What the handle must do after one event (a named tuple: made once per append,
-    cheaper than a frozen dataclass)."""
+    """What the handle must do after one event (a named tuple, cheaper than a frozen
+    dataclass; a new entry's sends come from :meth:`WritePath.submit_to`, without one)."""
 
     sends: tuple[tuple[int, int], ...] = ()
     """(entry id, ensemble position) pairs to send now, in this order."""
@@ -103,13 +60,11 @@ class Effects(NamedTuple):
 NOTHING = Effects()
 
 
-class _Entry:
-    __slots__ = ("acks", "entry_id", "sent")
-
-    def __init__(self, entry_id: int, acks: AckSet) -> None:
-        self.entry_id = entry_id
-        self.acks = acks
-        self.sent = False
+COMPLETE_TABLE_POSITIONS_MAX = 12
+"""Ensembles up to this size look completion up in a table of 2**E bytes."""
+RING_CUT_MIN = 1024
+"""The acknowledgements' list is cut once this many completed slots lead it (and they
+are more than half of it)."""
 
 
 class WritePath:
@@ -141,10 +96,25 @@ class WritePath:
         self.halted = False
         """The handle failed (``fail_all``): every later event is ignored."""
         self._publish_lac = publish_lac
-        self._pending: collections.deque[_Entry] = collections.deque()
+        self._acks: list[int] = []
+        """The pending entries' acknowledgements as data, not objects: from index
+        ``_head`` on, one bitmask of ensemble positions per entry ``lac + 1``,
+        ``lac + 2``, ... (a ring kept in a list: completing advances ``_head``; the
+        list is cut when the head passes its middle)."""
+        self._head = 0
+        self._sent_upto = lac + 1
+        """Entries below this id were sent; those from it on are held back (submitted
+        during an ensemble change: always the newest, so one watermark says it)."""
         size = len(self.ensemble)
         self._write_sets = [tuple(write_set(s, size, write_quorum)) for s in range(size)]
         """The write set of each ``entry_id mod E`` (the ensemble's size never changes)."""
+        self._every_position = write_quorum == size
+        """Every entry goes to every position (E == Qw): any acknowledgement is in its
+        entry's write set."""
+        self._complete_at: bytes | None = (
+            bytes(m.bit_count() >= ack_quorum for m in range(1 << size))
+            if size <= COMPLETE_TABLE_POSITIONS_MAX else None)
+        """Whether a bitmask of positions is an ack quorum, by bitmask (small ensembles)."""
 
     # ------------------------------------------------------------------ queries
 
@@ -155,12 +125,12 @@ class WritePath:
     @property
     def pending(self) -> int:
         """Entries submitted and not complete."""
-        return len(self._pending)
+        return 0 if self.halted else self.next_entry_id - self.lac - 1
 
     @property
     def head(self) -> int | None:
         """The oldest pending entry (the next to complete), if any."""
-        return self._pending[0].entry_id if self._pending else None
+        return self.lac + 1 if self.pending else None
 
     def write_set(self, entry_id: int) -> tuple[int, ...]:
         return self._write_sets[entry_id % len(self.ensemble)]
@@ -182,40 +152,47 @@ class WritePath:
 
     def submit(self, entry_id: int) -> Effects:
         """A new entry (the next id): send it to its write set, unless a change is
-        in progress."""
+        in progress (:meth:`submit_to` as Effects)."""
+        positions, lac = self.submit_to(entry_id)
+        if not positions:
+            return NOTHING
+        return Effects(tuple([(entry_id, p) for p in positions]), lac)
+
+    def submit_to(self, entry_id: int) -> tuple[tuple[int, ...], int]:
+        """:meth:`submit` for the hot path: the positions to send the new entry to now
+        (none while a change is in progress, or if every one is degraded) and the LAC
+        to piggyback, without an Effects and its pairs."""
         if self.halted or entry_id != self.next_entry_id:  # (formatted only on failure)
             invariant(False, f"submitted entry {entry_id}, expected {self.next_entry_id}"
                       f"{' (halted)' if self.halted else ''}")
-        self.next_entry_id += 1
-        entry = _Entry(entry_id, AckSet(self.write_quorum, self.ack_quorum))
-        self._pending.append(entry)
+        self.next_entry_id = entry_id + 1
+        self._acks.append(0)
         if self.changing:
-            return NOTHING
-        entry.sent = True
+            return (), -1
+        self._sent_upto = entry_id + 1
         positions = self._write_sets[entry_id % len(self.ensemble)]
         if self.degraded:
             positions = tuple(p for p in positions if p not in self.degraded)
             if not positions:
-                return NOTHING
+                return (), -1
         lac = self.lac if self._publish_lac else -1
         if lac > self.lac_sent:
             self.lac_sent = lac
-        return Effects(tuple([(entry_id, p) for p in positions]), lac)
+        return positions, lac
 
     def ack(self, entry_id: int, position: int, bookie: BookieId) -> Effects:
         """``bookie`` at ``position`` made ``entry_id`` durable."""
-        # (the hot path: one call per bookie per entry, so written out)
-        pending = self._pending
-        if self.halted or self.ensemble[position] != bookie or not pending:
-            return NOTHING  # halted, stale (replaced since), or nothing pending
-        index = entry_id - pending[0].entry_id
-        if not 0 <= index < len(pending):
-            return NOTHING  # complete already: a late acknowledgement
+        # (the hot path of single adds, so written out)
+        if self.halted or self.ensemble[position] != bookie:
+            return NOTHING  # halted, or stale (replaced since)
+        offset = entry_id - self.lac - 1
+        if not 0 <= offset < self.next_entry_id - self.lac - 1:
+            return NOTHING  # complete already (a late acknowledgement), or not submitted
         if (position - entry_id) % len(self.ensemble) >= self.write_quorum:
             invariant(False, f"ack of entry {entry_id} from position {position}, "
                       "not in its write set")
-        pending[index].acks.ack(position)
-        if self.changing or index:
+        self._acks[self._head + offset] |= 1 << position
+        if self.changing or offset:
             return NOTHING
         return Effects(completed=self._complete())
 
@@ -223,20 +200,31 @@ class WritePath:
         """``bookie`` at ``position`` made every entry of ``entry_ids`` durable: the
         same state and completions as :meth:`ack` for each in turn, with one Effects
         (an answer to a batch of adds: one call, not one per entry)."""
-        pending = self._pending
-        if self.halted or self.ensemble[position] != bookie or not pending:
+        if self.halted or self.ensemble[position] != bookie or not entry_ids:
             return NOTHING
-        base = pending[0].entry_id
-        count = len(pending)
-        size = len(self.ensemble)
-        write_quorum = self.write_quorum
-        for entry_id in entry_ids:
-            index = entry_id - base
-            if 0 <= index < count:
-                if (position - entry_id) % size >= write_quorum:
-                    invariant(False, f"ack of entry {entry_id} from position {position}, "
-                              "not in its write set")
-                pending[index].acks.ack(position)
+        first = self.lac + 1
+        count = self.next_entry_id - first
+        acks = self._acks
+        head = self._head
+        bit = 1 << position
+        low = entry_ids[0] - first
+        high = entry_ids[-1] - first + 1
+        if high - low == len(entry_ids) and low >= 0 and high <= count \
+                and self._every_position \
+                and entry_ids == list(range(low + first, high + first)):
+            # (the usual batch: consecutive ids, all pending, every position storing
+            # every entry: one pass over the slice)
+            acks[head + low:head + high] = [mask | bit for mask in acks[head + low:head + high]]
+        else:
+            size = len(self.ensemble)
+            write_quorum = self.write_quorum
+            for entry_id in entry_ids:
+                offset = entry_id - first
+                if 0 <= offset < count:
+                    if (position - entry_id) % size >= write_quorum:
+                        invariant(False, f"ack of entry {entry_id} from position {position}, "
+                                  "not in its write set")
+                    acks[head + offset] |= bit
         if self.changing:
             return NOTHING
         completed = self._complete()
@@ -278,17 +266,22 @@ class WritePath:
         self.failed_positions.difference_update(renewed)
         self.degraded.difference_update(renewed)
         self.ensemble = tuple(ensemble)
+        withdrawn = 0
+        for p in renewed:
+            withdrawn |= 1 << p
+        keep = ~withdrawn
         sends: list[tuple[int, int]] = []
-        for entry in self._pending:
-            positions = self.write_set(entry.entry_id)
-            if not entry.sent:
-                entry.sent = True
-                sends.extend((entry.entry_id, p) for p in positions if p not in self.degraded)
-                continue
-            for p in positions:
-                if p in renewed:
-                    entry.acks.unack(p)
-                    sends.append((entry.entry_id, p))
+        acks = self._acks
+        index = self._head
+        for entry_id in range(self.lac + 1, self.next_entry_id):
+            positions = self.write_set(entry_id)
+            if entry_id >= self._sent_upto:
+                sends.extend((entry_id, p) for p in positions if p not in self.degraded)
+            else:
+                acks[index] &= keep
+                sends.extend((entry_id, p) for p in positions if p in renewed)
+            index += 1
+        self._sent_upto = self.next_entry_id
         return self._with_lac(sends)
 
     def degrade(self, positions: Collection[int]) -> None:
@@ -306,12 +299,9 @@ class WritePath:
         self.changing = False
         if self.halted:
             return NOTHING
-        sends: list[tuple[int, int]] = []
-        for entry in self._pending:
-            if not entry.sent:
-                entry.sent = True
-                sends.extend((entry.entry_id, p) for p in self.write_set(entry.entry_id)
-                             if p not in self.degraded)
+        sends = [(entry_id, p) for entry_id in range(self._sent_upto, self.next_entry_id)
+                 for p in self.write_set(entry_id) if p not in self.degraded]
+        self._sent_upto = self.next_entry_id
         lac = self._piggyback_lac() if sends else -1  # (before what completes now)
         completed = self._complete()
         if not sends:
@@ -321,9 +311,10 @@ class WritePath:
     def fail_all(self) -> tuple[int, ...]:
         """The handle failed: the entries still pending (each fails); later events are
         ignored."""
+        out = tuple(range(self.lac + 1, self.next_entry_id)) if not self.halted else ()
         self.halted = True
-        out = tuple(e.entry_id for e in self._pending)
-        self._pending.clear()
+        self._acks = []
+        self._head = 0
         return out
 
     def explicit_lac(self) -> int | None:
@@ -336,26 +327,29 @@ class WritePath:
 
     # ------------------------------------------------------------------ internals
 
-    def _entry(self, entry_id: int) -> _Entry | None:
-        if not self._pending:
-            return None
-        index = entry_id - self._pending[0].entry_id
-        if not 0 <= index < len(self._pending):
-            return None
-        return self._pending[index]
-
     def _complete(self) -> tuple[int, ...]:
-        pending = self._pending
-        if not pending or not pending[0].acks.complete:
+        """Complete the entries from the head on whose ack quorum is in: their ids."""
+        acks = self._acks
+        start = index = self._head
+        end = len(acks)
+        table = self._complete_at
+        quorum = self.ack_quorum
+        if table is not None:
+            while index < end and table[acks[index]]:
+                index += 1
+        else:
+            while index < end and acks[index].bit_count() >= quorum:
+                index += 1
+        done = index - start
+        if not done:
             return ()
-        out = []
-        while pending and pending[0].acks.complete:
-            entry = pending.popleft()
-            if entry.entry_id != self.lac + 1:
-                invariant(False, f"completing entry {entry.entry_id} after LAC {self.lac}")
-            self.lac = entry.entry_id
-            out.append(entry.entry_id)
-        return tuple(out)
+        first = self.lac + 1
+        self.lac += done
+        if index > RING_CUT_MIN and index * 2 > end:
+            del acks[:index]
+            index = 0
+        self._head = index
+        return tuple(range(first, first + done))
 
     def _piggyback_lac(self) -> int:
         lac = self.lac if self._publish_lac else -1
