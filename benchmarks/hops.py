@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 MARKS: list[tuple[str, str, str, str]] = [
     ("client/ledger.py", 'if self._recovery:\n            raise LedgerClosedError(f"ledger {self.id} '
      'is being recovered")', "c_append", "before"),
-    ("net/channel.py", "        self._unsent_bytes = 0\n        self._transport.write(data)",
+    ("net/channel.py", "        self._unsent_bytes = 0\n        if len(unsent) == 1:",
      "c_write", "inside"),
     ("net/channel.py", "    def data_received(self, data: bytes) -> None:\n        self._answered = True",
      "c_recv", "after"),

@@ -169,3 +169,30 @@ def test_traced_new_entries_carry_their_contexts() -> None:
     box.queue_entry(1, (0,), -1, ("a",), b"y", b"t" * 26)
     (a,) = box.take("a")
     assert a.traces == [b"", b"t" * 26]
+
+
+def test_shared_bodies_are_encoded_once_and_frame_as_the_general_encoder() -> None:
+    import itertools
+
+    from asyncbk.net.adds import frame_adds
+    from asyncbk.proto import AddBatchRequest, encode_request
+
+    box, _, _ = _outbox()
+    ensemble = ("a", "b", "c")
+    for i in range(3):
+        box.queue_entry(i, ((i + 0) % 3, (i + 1) % 3, (i + 2) % 3), 1, ensemble,
+                        b"body%d" % i, b"")
+    groups = [box.take(b)[0] for b in ensemble]
+    assert groups[0].shared is not None
+    assert all(g.shared is groups[0].shared for g in groups)
+    rids = itertools.count(40)
+    frames = []
+    for g in groups:
+        out: list[bytes] = []
+        frame_adds(g, sum(map(len, g.bodies)), rids, 1 << 20, out)
+        assert len(out) == 2  # the head, then the bodies as encoded once
+        frames.append(out)
+    assert frames[0][1] is frames[1][1] is frames[2][1]
+    for rid, out in zip(range(40, 43), frames, strict=True):
+        assert b"".join(out) == encode_request(AddBatchRequest(
+            rid, 7, b"key", 0, 1, [0, 1, 2], [b"body0", b"body1", b"body2"]))

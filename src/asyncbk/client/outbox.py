@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..errors import BKError
-from ..net.adds import AddGroup
+from ..net.adds import AddGroup, PackedBodies
 from ..net.pool import BookieClient
 from ..proto import Response
 from ..types import BookieId
@@ -52,8 +52,8 @@ class Outbox:
 
     __slots__ = ("_bodies", "_box", "_client", "_ensemble", "_flags", "_ids", "_lac",
                  "_ledger_id", "_master_key", "_on_acks", "_on_answer", "_partial",
-                 "_positions", "_size", "_targets", "_timeout_s", "_traced", "_traces",
-                 "_waiting")
+                 "_positions", "_shared", "_size", "_targets", "_timeout_s", "_traced",
+                 "_traces", "_waiting")
 
     def __init__(self, client: BookieClient, ledger_id: int, master_key: bytes, flags: int,
                  ensemble_size: int, timeout_s: float, *, on_acks: OnAcks,
@@ -85,6 +85,9 @@ class Outbox:
         self._waiting: dict[BookieId, tuple[int, int]] = {}
         """Bookies with a part of the lists not taken yet: their position and the slot
         their part starts at."""
+        self._shared: PackedBodies | None = None
+        """The lists' bodies as the groups that take all of them share them (encoded for
+        the wire once)."""
 
     def queue_entry(self, entry_id: int, positions: tuple[int, ...], lac: int,
                     ensemble: Sequence[BookieId], body: bytes, trace: bytes) -> None:
@@ -148,6 +151,7 @@ class Outbox:
         if part is not None:
             pos, start = part
             ids, bodies, traces = self._ids, self._bodies, self._traces
+            shared = None
             if self._partial:
                 chosen = [i for i in range(start, len(ids)) if pos in self._positions[i]]
                 ids = [ids[i] for i in chosen]
@@ -156,9 +160,13 @@ class Outbox:
             elif start:
                 ids, bodies = ids[start:], bodies[start:]
                 traces = None if traces is None else traces[start:]
+            else:  # (all of the lists: the same part as other bookies', maybe)
+                shared = self._shared
+                if shared is None:
+                    shared = self._shared = PackedBodies(bodies)
             if not self._waiting:  # (every bookie took its part: new lists from now on)
                 self._reset_entries()
-            out.append(self._group(pos, bookie_id, lac, ids, bodies, traces))
+            out.append(self._group(pos, bookie_id, lac, ids, bodies, traces, shared))
         box = self._box
         if box is not None:
             group = box.pop(bookie_id, None)
@@ -180,7 +188,8 @@ class Outbox:
         self._lac = -1
 
     def _group(self, pos: int, bookie_id: BookieId, lac: int, entry_ids: list[int],
-               bodies: list[bytes], traces: list[bytes] | None) -> AddGroup:
+               bodies: list[bytes], traces: list[bytes] | None,
+               shared: PackedBodies | None = None) -> AddGroup:
         target = self._targets[pos]
         if target is None or target.bookie != bookie_id:
             target = self._targets[pos] = _PositionTarget(self._on_acks, self._on_answer,
@@ -188,7 +197,7 @@ class Outbox:
         if traces is not None and not any(traces):  # (none sampled: the hot path's frames)
             traces = None
         return AddGroup(self._ledger_id, self._master_key, self._flags, lac, entry_ids,
-                        bodies, target, self._timeout_s, traces)
+                        bodies, target, self._timeout_s, traces, shared)
 
     def _reset_entries(self) -> None:
         """New lists (the old ones may be a group's now: never changed again)."""
@@ -197,6 +206,7 @@ class Outbox:
         self._traces = [] if self._traced else None
         self._positions = []
         self._partial = False
+        self._shared = None
 
     def _spill(self) -> None:
         """Move the parts not taken yet into the re-sends' groups, by bookie (the

@@ -21,10 +21,11 @@ from ..proto import (
     Op,
     Response,
     Status,
+    add_batch_request_parts,
     add_request_frame,
     add_request_tail,
-    encode_add_batch_request,
     encode_request,
+    pack_bodies,
 )
 from ..types import BookieId
 
@@ -44,6 +45,22 @@ class AddTarget(Protocol):
     def answered(self, entry_id: int, result: Response | BKError) -> None:
         """``entry_id``'s own answer: an AddResponse (OK or not) or the error that
         replaced it (a refusal, a timeout, a lost connection)."""
+
+
+class PackedBodies:
+    """The bodies of adds that several groups share (the same entries to every bookie
+    of an E == Qw ensemble), encoded for the wire once, by the first group framed."""
+
+    __slots__ = ("_packed", "bodies")
+
+    def __init__(self, bodies: list[bytes]) -> None:
+        self.bodies = bodies
+        self._packed: bytes | None = None
+
+    def packed(self) -> bytes:
+        if self._packed is None:
+            self._packed = pack_bodies(self.bodies)
+        return self._packed
 
 
 class AddGroup(NamedTuple):
@@ -66,6 +83,8 @@ class AddGroup(NamedTuple):
     traces: list[bytes] | None = None
     """Tracing: each entry's span context (or b""), in the order of ``entry_ids``;
     None when the sender does not trace (the frames are then the hot path's)."""
+    shared: PackedBodies | None = None
+    """``bodies`` shared with other groups (their encoding made once), or None."""
 
 
 class AddSource(Protocol):
@@ -133,7 +152,7 @@ def frame_adds(group: AddGroup, nbytes: int, request_ids: Iterator[int],
     the bookie's limit); a lone entry as an ADD, cheaper to frame and to answer than a
     batch of one.  With trace contexts the general encoder frames them.  Returns the
     requests, each with an id from ``request_ids``."""
-    ledger_id, master_key, flags, lac, entry_ids, bodies, _, _, traces = group
+    ledger_id, master_key, flags, lac, entry_ids, bodies, _, _, traces, shared = group
     count = len(entry_ids)
     bytes_max = min(ADD_BATCH_BYTES_MAX, frame_bytes_max // 2)
     if count <= ADD_BATCH_ENTRIES_MAX and nbytes <= bytes_max:  # (the usual case)
@@ -165,13 +184,15 @@ def frame_adds(group: AddGroup, nbytes: int, request_ids: Iterator[int],
             out.extend(add_request_frame(rid, add_request_tail(
                 ledger_id, ids[0], master_key, flags, lac, part[0])))
             op = Op.ADD
-        else:
-            out.append(encode_add_batch_request(rid, ledger_id, master_key, flags, lac, ids,
-                                                part))
+        else:  # (two parts: the bodies go out as they were encoded, maybe once for all)
+            packed = shared.packed() if shared is not None and j - i == count \
+                else pack_bodies(part)
+            out.extend(add_batch_request_parts(rid, ledger_id, master_key, flags, lac, ids,
+                                               packed))
             op = Op.ADD_BATCH
         framed.append(FramedAdds(rid, op, ids))
     return framed
 
 
 __all__ = ["ADD_BATCH_BYTES_MAX", "ADD_BATCH_ENTRIES_MAX", "ADD_OK", "AddGroup", "AddSource",
-           "AddTarget", "FramedAdds", "GroupCallback", "frame_adds"]
+           "AddTarget", "FramedAdds", "GroupCallback", "PackedBodies", "frame_adds"]

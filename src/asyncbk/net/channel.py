@@ -563,10 +563,13 @@ class BookieChannel(asyncio.Protocol):
         self._flush_scheduled = False
         if self._transport is None or not self._unsent or self._paused:
             return
-        data = b"".join(self._unsent) if len(self._unsent) > 1 else self._unsent[0]
-        self._unsent.clear()
+        unsent = self._unsent
+        self._unsent = []
         self._unsent_bytes = 0
-        self._transport.write(data)
+        if len(unsent) == 1:
+            self._transport.write(unsent[0])
+        else:  # (one vectored write: the parts, bodies above all, are not copied first)
+            self._transport.writelines(unsent)
 
     def _fail_all(self, error: BKError) -> None:
         if self._unanswered:

@@ -27,6 +27,7 @@ from .messages import (
     Status,
     WriteLacRequest,
     WriteLacResponse,
+    add_batch_request_parts,
     add_request_frame,
     add_request_tail,
     decode_request,
@@ -36,6 +37,7 @@ from .messages import (
     encode_add_response,
     encode_request,
     encode_response,
+    pack_bodies,
     refusal,
 )
 
@@ -44,7 +46,8 @@ __all__ = [
     "BookieInfoRequest", "BookieInfoResponse", "FrameDecoder", "LongPollLacRequest",
     "LongPollLacResponse", "Op", "ReadBatchRequest", "ReadBatchResponse", "ReadFlag", "ReadLacRequest", "ReadLacResponse",
     "ReadRequest", "ReadResponse", "Request", "Response", "Status", "WriteLacRequest",
-    "WriteLacResponse", "add_request_frame", "add_request_tail", "decode_request",
+    "WriteLacResponse", "add_batch_request_parts", "add_request_frame", "add_request_tail", "decode_request",
     "decode_response", "encode_add_batch_request", "encode_add_batch_response",
-    "encode_add_response", "encode_frame", "encode_request", "encode_response", "refusal",
+    "encode_add_response", "encode_frame", "encode_request", "encode_response",
+    "pack_bodies", "refusal",
 ]

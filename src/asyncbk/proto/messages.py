@@ -396,10 +396,25 @@ _ADD_BATCH_RESPONSE_HEAD = bytes([0x97, PROTOCOL_VERSION, Op.ADD_BATCH])  # fixa
 def encode_add_batch_request(request_id: int, ledger_id: int, master_key: bytes, flags: int,
                              lac: int, entry_ids: list[int], bodies: list[bytes]) -> bytes:
     """The frame of an ADD_BATCH request (byte for byte ``encode_request``'s)."""
-    body = b"".join((_ADD_BATCH_HEAD, _packb(request_id), _packb(ledger_id),
-                     _packb(master_key), _packb(flags), _packb(lac), _packb(entry_ids),
-                     _packb(bodies)))
-    return _FRAME_LENGTH.pack(len(body)) + body
+    return b"".join(add_batch_request_parts(request_id, ledger_id, master_key, flags, lac,
+                                            entry_ids, pack_bodies(bodies)))
+
+
+def pack_bodies(bodies: list[bytes]) -> bytes:
+    """The bodies of an ADD_BATCH, encoded (once for every bookie that gets them:
+    :func:`add_batch_request_parts`)."""
+    return _packb(bodies)
+
+
+def add_batch_request_parts(request_id: int, ledger_id: int, master_key: bytes, flags: int,
+                            lac: int, entry_ids: list[int],
+                            packed_bodies: bytes) -> tuple[bytes, bytes]:
+    """The frame of an ADD_BATCH request in two parts, its head (the length prefix, the
+    fields and the entry ids) and the bodies :func:`pack_bodies` encoded: written as
+    they are (a vectored write), the bodies are neither copied nor encoded again."""
+    head = b"".join((_ADD_BATCH_HEAD, _packb(request_id), _packb(ledger_id),
+                     _packb(master_key), _packb(flags), _packb(lac), _packb(entry_ids)))
+    return _FRAME_LENGTH.pack(len(head) + len(packed_bodies)) + head, packed_bodies
 
 
 def encode_add_batch_response(request_id: int, status: int, ledger_id: int,
