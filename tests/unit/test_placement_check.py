@@ -287,3 +287,22 @@ def test_placementcheck_help_gives_every_default() -> None:
     for action in options:
         text = action.help or ""
         assert "default" in text or text.startswith("required"), action.option_strings
+
+
+def test_a_repair_may_move_a_neighbour_of_the_violating_write_set() -> None:
+    """[r3 r2 r3 r1 r1] with Qw 2 and spares in r1 and r3 only: the write set (3, 4)
+    needs another rack, and whichever of its positions takes r3 crowds its other
+    neighbour, which must move to r1: two positions, one of them in no violating write
+    set (found by the property test above)."""
+    locations = {"b0:1": "/eu/r3", "b1:1": "/eu/r2", "b2:1": "/eu/r3", "b3:1": "/eu/r1",
+                 "b4:1": "/eu/r1", "b5:1": "/eu/r1", "b6:1": "/eu/r3"}
+    ensemble = ["b0:1", "b1:1", "b2:1", "b3:1", "b4:1"]
+    plan = plan_placement_fix(ensemble, 2, ["b5:1", "b6:1"], locations, "rack-aware",
+                              min_racks_per_write_quorum=2, available=list(locations),
+                              rng=random.Random(0))
+    assert plan is not None and len(plan) == 2 and set(plan.values()) == {"b5:1", "b6:1"}
+    fixed = list(ensemble)
+    for position, bookie in plan.items():
+        fixed[position] = bookie
+    assert not write_set_violations(fixed, 2, locations, "rack-aware",
+                                    available=list(locations))

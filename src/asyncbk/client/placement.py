@@ -293,7 +293,8 @@ def plan_placement_fix(ensemble: Sequence[BookieId], write_quorum: int,
     does now, None if no such change is found.
 
     Fewest positions first (each one means copying its entries): sets of positions
-    that touch every violating write set, those in most violating write sets first,
+    that touch every violating write set (and may hold others: a neighbour's rack can
+    be what stands in the way), those in most violating write sets first,
     each tried with the policy's own exact search (enforced, its minimums capped as
     the check caps them); at most ``subsets_max`` sets are tried."""
     def violations(bookies: Sequence[BookieId]) -> list[PlacementViolation]:
@@ -321,7 +322,9 @@ def plan_placement_fix(ensemble: Sequence[BookieId], write_quorum: int,
         repeats = Counter(v.locations)
         for p, loc in zip(v.positions, v.locations, strict=True):
             crowded[p] += 2 if repeats[loc] > 1 else 1
-    order = sorted({p for w in windows for p in w}, key=lambda p: (-crowded[p], p))
+    # Every position may take part: a fix may need to move a neighbour of a violating
+    # write set too (its new bookie's rack would crowd the next write set otherwise).
+    order = sorted(range(len(ensemble)), key=lambda p: (-crowded[p], p))
     tried = 0
     for k in range(1, min(len(order), len(spare)) + 1):
         for positions in itertools.combinations(order, k):
