@@ -38,7 +38,7 @@ MARKS: list[tuple[str, str, str, str]] = [
     ("client/ledger.py", "future.set_result(entry_id)", "c_resolve", "before"),
     ("net/server.py", "    def data_received(self, data: bytes) -> None:\n        try:\n"
      "            bodies = self._decoder.feed(data)", "b_recv", "inside"),
-    ("bookie/journal.py", "        q = self._queue\n        was_empty = not q", "b_enq", "before"),
+    ("bookie/journal.py", "        was_empty = not self._queued_records", "b_enq", "before"),
     ("bookie/journal.py", "self._worker.submit(self._write_batch, (records, items), "
      "self._batch_done)", "b_flush", "before"),
     ("bookie/journal.py", 'buf = records[0] if len(records) == 1 else b"".join(records)',

@@ -180,18 +180,28 @@ def test_add_body_offset(records: list[jf.Record]) -> None:
 @given(ledger_id=st.integers(0, 2**63 - 1),
        entries=st.lists(st.tuples(st.integers(0, 2**63 - 1), st.binary(max_size=300)),
                         max_size=20))
-def test_encode_adds_is_encode_add_for_each(ledger_id: int,
-                                            entries: list[tuple[int, bytes]]) -> None:
+def test_a_run_is_the_records_of_encode_add_back_to_back(
+        ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
     ids = [e for e, _ in entries]
     bodies = [b for _, b in entries]
-    assert jf.encode_adds(ledger_id, ids, bodies) == [
-        jf.encode_add(ledger_id, e, b) for e, b in entries]
+    records = [jf.encode_add(ledger_id, e, b) for e, b in entries]
+    run, sizes = jf.encode_add_run(ledger_id, ids, bodies)
+    assert run == b"".join(records)
+    assert sizes == [len(r) for r in records]
+    decoded, end = jf.decode_records(run)
+    assert end == len(run)
+    assert [(r.ledger_id, r.entry_id, r.body) for r in decoded] == [  # type: ignore[union-attr]
+        (ledger_id, e, b) for e, b in entries]
 
 
-def test_encode_adds_checks_the_ids() -> None:
+def test_a_run_checks_the_ids_and_sizes() -> None:
     with pytest.raises(ValueError):
-        jf.encode_adds(-1, [0], [b""])
+        jf.encode_add_run(-1, [0], [b""])
     with pytest.raises(ValueError):
-        jf.encode_adds(0, [1, 2**63], [b"", b""])
+        jf.encode_add_run(0, [1, 2**63], [b"", b""])
     with pytest.raises(ValueError):
-        jf.encode_adds(0, [-1, 0], [b"", b""])
+        jf.encode_add_run(0, [-1, 0], [b"", b""])
+    with pytest.raises(ValueError):
+        jf.encode_add_run(0, [0], [b"x" * jf.RECORD_BYTES_MAX])
+    with pytest.raises(ValueError):
+        jf.encode_add_run(0, [0, 1], [b""])  # (the lists differ in length)

@@ -36,7 +36,8 @@ Threads and ownership
 When a batch is flushed
 -----------------------
 The writer takes records until the batch reaches ``journal_group_bytes_max``
-bytes or ``journal_group_entries_max`` records.  With
+bytes or ``journal_group_entries_max`` records; a run of records queued as one
+(:meth:`Journal.append_run`, a batch of adds) is taken whole.  With
 ``journal_flush_when_queue_empty`` it then flushes whatever it has (the queue
 is empty, waiting would only add latency).  Otherwise it waits, on a loop
 timer, until a size limit is reached or the oldest queued record has waited
@@ -78,6 +79,7 @@ from ..stats import LatencyHistogram
 from .fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload
 from .journal_files import list_journal_files, shrink_then_unlink
 from .journal_format import journal_file_name
+from .journal_sync import JournalSync, Then, Waiter
 
 T = TypeVar("T")
 
@@ -93,8 +95,10 @@ class BatchSink(Protocol):
     """Work done with each batch, after its fsync and before its futures resolve."""
 
     def apply_in_writer(self, records: list[bytes], items: list[Any]) -> Any:
-        """Runs on the writer thread after the batch's fsync; the result is
-        passed to :meth:`apply_on_loop`.  An exception fails the journal."""
+        """Runs on the writer thread after the batch's fsync, with what was queued
+        (a record, or a run of records appended as one: :meth:`Journal.append_run_then`)
+        and its item; the result is passed to :meth:`apply_on_loop`.  An exception
+        fails the journal."""
 
     def apply_on_loop(self, items: list[Any], result: Any) -> None:
         """Runs on the event loop just before the batch's futures resolve."""
@@ -112,59 +116,9 @@ class _BatchResult:
     end_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class JournalSync:
-    """The group commit that made a record durable, what the journal's futures resolve
-    to: when its write began and its ``fdatasync`` ended (wall clock, ns: for tracing
-    spans), and how many records and bytes it wrote."""
-
-    start_ns: int
-    end_ns: int
-    records: int
-    nbytes: int
-
-
-class Waiter(Protocol):
-    """What waits for a batch: an ``asyncio.Future[JournalSync]`` or a :class:`Then`."""
-
-    def done(self) -> bool: ...
-
-    def set_result(self, result: JournalSync, /) -> None: ...
-
-    def set_exception(self, exc: BaseException, /) -> None: ...
-
-
-class Then:
-    """A :class:`Waiter` that calls ``fn`` with the :class:`JournalSync` or the
-    exception, at once (no loop turn, as a future's callbacks take)."""
-
-    __slots__ = ("_done", "fn")
-
-    def __init__(self, fn: Callable[[JournalSync | BaseException], None]) -> None:
-        self.fn = fn
-        self._done = False
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, result: JournalSync, /) -> None:
-        self._call(result)
-
-    def set_exception(self, exc: BaseException, /) -> None:
-        self._call(exc)
-
-    def _call(self, outcome: JournalSync | BaseException) -> None:
-        self._done = True
-        try:
-            self.fn(outcome)
-        except Exception as exc:  # reported as a future's failed callback would be; the
-            # batch's other waiters are still completed
-            asyncio.get_running_loop().call_exception_handler({
-                "message": "a journal waiter's callback failed", "exception": exc})
-
-
-# A queued record: (encoded record, sink item, waiter or None, loop time enqueued)
-_Queued = tuple[bytes, Any, "Waiter | None", float]
+# Queued: (encoded record, or a run of ADD records as one buffer; its sink item;
+# waiter or None; loop time enqueued; how many records)
+_Queued = tuple[bytes, Any, "Waiter | None", float, int]
 
 
 class Journal:
@@ -212,10 +166,12 @@ class Journal:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: collections.deque[_Queued] = collections.deque()
         self._queued_bytes = 0
+        self._queued_records = 0
         self._pending = 0  # queued + in flight
         self._inflight: list[Waiter | None] = []
         self._busy = False  # a batch is with the writer thread
-        self._batch: tuple[list[Any], str, float] = ([], "", 0.0)  # its items, reason, wait
+        self._batch: tuple[list[Any], str, float, int] = ([], "", 0.0, 0)
+        """The batch with the thread: its items, flush reason, wait and records."""
         self._kick_handle: asyncio.Handle | None = None
         self._group_timer: asyncio.TimerHandle | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []
@@ -348,6 +304,28 @@ class Journal:
             raise ValueError(f"append_batch of {count} records and {len(items)} items")
         self._enqueue(records, items, Then(then), self._ready(count))
 
+    def append_run(self, run: bytes, count: int, item: Any) -> asyncio.Future[JournalSync]:
+        """Queue ``run``, ``count`` records back to back (a batch's ADD records), as
+        one queue element with one sink ``item`` and one future (as
+        :meth:`append_batch`'s).  The bytes written are those of the records queued
+        one by one; only the journal's bookkeeping is one element, not ``count``."""
+        loop = self._ready(count)
+        fut: asyncio.Future[JournalSync] = loop.create_future()
+        self._enqueue_run(run, count, item, fut, loop)
+        return fut
+
+    def append_run_then(self, run: bytes, count: int, item: Any,
+                        then: Callable[[JournalSync | BaseException], None]) -> None:
+        """:meth:`append_run` with a callback, as :meth:`append_batch_then`."""
+        self._enqueue_run(run, count, item, Then(then), self._ready(count))
+
+    def _enqueue_run(self, run: bytes, count: int, item: Any, waiter: Waiter,
+                     loop: asyncio.AbstractEventLoop) -> None:
+        if count < 1 or not run:
+            raise ValueError(f"append_run of {count} records in {len(run)} bytes")
+        self._queue.append((run, item, waiter, loop.time(), count))
+        self._queued(len(run), count, loop)
+
     def append_unacked(self, record: bytes, item: Any = None) -> None:
         """Like :meth:`append` without a future: for records whose durability
         is covered by a later record's future (the journal is FIFO)."""
@@ -365,21 +343,26 @@ class Journal:
                  loop: asyncio.AbstractEventLoop) -> None:
         """Queue ``records``, ``fut`` riding with the last."""
         q = self._queue
-        was_empty = not q
         now = loop.time()
         last = len(records) - 1
         nbytes = 0
         for i, record in enumerate(records):
-            q.append((record, items[i], fut if i == last else None, now))
+            q.append((record, items[i], fut if i == last else None, now, 1))
             nbytes += len(record)
+        self._queued(nbytes, len(records), loop)
+
+    def _queued(self, nbytes: int, count: int, loop: asyncio.AbstractEventLoop) -> None:
+        """Count what was just queued; kick the writer if it can act."""
+        was_empty = not self._queued_records
         self._queued_bytes += nbytes
-        self._pending += len(records)
+        self._queued_records += count
+        self._pending += count
         if self._pending > self._pending_peak:
             self._pending_peak = self._pending
         # Kick the writer only when it can act: idle, and the queue just became
         # non-empty or a size limit was crossed while it waits for a group.
         if not self._busy and self._kick_handle is None and (
-                was_empty or len(q) >= self._entries_max
+                was_empty or self._queued_records >= self._entries_max
                 or self._queued_bytes >= self._bytes_max):
             self._schedule_kick(loop)
 
@@ -438,7 +421,7 @@ class Journal:
             reason = "close"
         elif self._flush_when_empty:
             reason = "queue_empty"
-        elif len(q) >= self._entries_max:
+        elif self._queued_records >= self._entries_max:
             reason = "entries"
         elif self._queued_bytes >= self._bytes_max:
             reason = "bytes"
@@ -472,28 +455,31 @@ class Journal:
         items: list[Any] = []
         futs: list[Waiter | None] = []
         nbytes = 0
+        count = 0
         oldest = q[0][3]
-        while q and len(records) < n_max and nbytes < b_max:
-            record, item, fut, _t = q.popleft()
+        while q and count < n_max and nbytes < b_max:
+            record, item, fut, _t, n = q.popleft()
             records.append(record)
             items.append(item)
             futs.append(fut)
             nbytes += len(record)
+            count += n
         self._queued_bytes -= nbytes
-        if len(records) >= n_max:
+        self._queued_records -= count
+        if count >= n_max:
             reason = "entries"
         elif nbytes >= b_max:
             reason = "bytes"
         self._inflight = futs
         self._busy = True
-        self._batch = (items, reason, loop.time() - oldest)
+        self._batch = (items, reason, loop.time() - oldest, count)
         self._worker.submit(self._write_batch, (records, items), self._batch_done)
 
     def _batch_done(self, result: _BatchResult | None, exc: BaseException | None) -> None:
         """The writer thread's answer for the batch in flight (on the loop)."""
         self._busy = False
-        items, reason, wait_s = self._batch
-        self._batch = ([], "", 0.0)
+        items, reason, wait_s, count = self._batch
+        self._batch = ([], "", 0.0, 0)
         if exc is not None:
             self._set_failed(exc)
         elif self._failed is None:  # (else failed from outside meanwhile: waiters failed)
@@ -504,7 +490,7 @@ class Journal:
             except Exception as sink_exc:
                 self._set_failed(sink_exc)
             else:
-                self._completed(result, reason, wait_s)
+                self._completed(result, reason, wait_s, count)
         if self._queue and self._failed is None:
             self._kick()  # the records queued during this batch: at once
         else:
@@ -512,10 +498,10 @@ class Journal:
         if self.after_batch is not None:
             self.after_batch()
 
-    def _completed(self, result: _BatchResult, reason: str, wait_s: float) -> None:
+    def _completed(self, result: _BatchResult, reason: str, wait_s: float,
+                   records: int) -> None:
         futs = self._inflight
         self._inflight = []
-        records = len(futs)
         self._synced_position = (result.seq, result.offset)
         self._batches += 1
         self._records += records
@@ -567,9 +553,10 @@ class Journal:
         """Fail every in-flight and queued future; the journal accepts nothing more."""
         futs = self._inflight
         self._inflight = []
-        futs.extend(fut for _, _, fut, _ in self._queue)
+        futs.extend(queued[2] for queued in self._queue)
         self._queue.clear()
         self._queued_bytes = 0
+        self._queued_records = 0
         self._pending = 0
         for fut in futs:
             if fut is not None and not fut.done():
@@ -670,7 +657,7 @@ class Journal:
             "batch_records_mean": self._records / batches if batches else 0.0,
             "batch_wait_s_max": self._batch_wait_s_max,
             "queue_entries": self._pending,
-            "queue_entries_waiting": len(self._queue),
+            "queue_entries_waiting": self._queued_records,
             "queue_entries_peak": self._pending_peak,
             "queue_entries_max": self._queue_max,
             "files_created": self._files_created,

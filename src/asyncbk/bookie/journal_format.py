@@ -201,21 +201,28 @@ def encode_add(ledger_id: int, entry_id: int, body: bytes | bytearray | memoryvi
     return _frame(_ADD_TAIL.pack(TYPE_ADD, ledger_id, entry_id) + body)
 
 
-def encode_adds(ledger_id: int, entry_ids: list[int], bodies: list[bytes]) -> list[bytes]:
-    """ADD records of one ledger's entries: :func:`encode_add` for each, with the ids
-    checked once for the batch."""
+def encode_add_run(ledger_id: int, entry_ids: list[int],
+                   bodies: list[bytes]) -> tuple[bytes, list[int]]:
+    """The ADD records of one ledger's entries as one buffer (the records of
+    :func:`encode_add` back to back: the bytes on disk are the same) and each record's
+    size, in order: one object for a batch of adds instead of one per entry."""
     _check_id("ledger_id", ledger_id)
     if entry_ids:
         _check_id("entry_id", min(entry_ids))
         _check_id("entry_id", max(entry_ids))
     pack_tail, pack_head, digest = _ADD_TAIL.pack, _HEAD.pack, _hash
-    out = []
+    head_size = _HEAD.size
+    parts = []
+    sizes = []
     for entry_id, body in zip(entry_ids, bodies, strict=True):
         tail = pack_tail(TYPE_ADD, ledger_id, entry_id) + body
-        if len(tail) > RECORD_BYTES_MAX:
-            raise ValueError(f"journal record of {len(tail)} bytes exceeds {RECORD_BYTES_MAX}")
-        out.append(pack_head(len(tail), digest(tail)) + tail)
-    return out
+        n = len(tail)
+        if n > RECORD_BYTES_MAX:
+            raise ValueError(f"journal record of {n} bytes exceeds {RECORD_BYTES_MAX}")
+        parts.append(pack_head(n, digest(tail)))
+        parts.append(tail)
+        sizes.append(head_size + n)
+    return b"".join(parts), sizes
 
 
 def encode_ledger_key(ledger_id: int, master_key: bytes) -> bytes:

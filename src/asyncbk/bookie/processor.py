@@ -57,7 +57,7 @@ from ..proto import (
 )
 from ..stats import LatencyHistogram
 from ..tracing import Span, Tracing
-from .journal import JournalSync
+from .journal_sync import JournalSync
 from .state import BookieState, StateMachine
 from .storage import RequestStorage
 

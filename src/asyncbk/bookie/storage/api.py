@@ -17,7 +17,8 @@ from ...clock import Clock
 from ...config import BookieConfig
 
 if TYPE_CHECKING:
-    from ..journal import Journal, JournalSync
+    from ..journal import Journal
+    from ..journal_sync import JournalSync
 
 
 @dataclass(slots=True)

@@ -44,7 +44,7 @@ from ...clock import Clock
 from ...config import BookieConfig
 from ...log import get_logger
 from ..fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload
-from ..journal import JournalSync
+from ..journal_sync import JournalSync
 from .api import LedgerInfo
 from .ledger_storage import LedgerStorage
 from .recovery import KVOpener

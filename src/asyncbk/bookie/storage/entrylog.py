@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...errors import BookieIOError
 from ..fileio import OS_FILE_IO, FileIO
@@ -37,6 +38,16 @@ def parse_entry_log_name(name: str) -> int | None:
         return None
     return int(digits, 16)
 
+
+class RunPiece(NamedTuple):
+    """Records of one ledger written back to back in one entry log
+    (:meth:`EntryLogWriter.append_run`): entry ``entry_ids[i]`` at ``offsets[i]``,
+    ``sizes[i]`` bytes long."""
+
+    log_id: int
+    entry_ids: list[int]
+    offsets: list[int]
+    sizes: list[int]
 
 class EntryLogWriter:
     """Appends ADD records to entry logs and index.log (``index_fd`` -1: none, the
@@ -105,6 +116,34 @@ class EntryLogWriter:
             off += n
         self._write(pieces, index, off)
         return out
+
+    def append_run(self, run: bytes, ledger_id: int, entry_ids: list[int],
+                   sizes: list[int]) -> list[RunPiece]:
+        """Append a run of ADD records of one ledger (back to back in ``run``, each
+        ``sizes[i]`` long, of entry ``entry_ids[i]``): one write when it fits in this
+        log, else record by record as :meth:`append`.  Returns where they went, as
+        pieces of consecutive records in one log."""
+        off = self.length
+        end = off + len(run)
+        if end > self.bytes_max and not (off == 0 and len(sizes) == 1):
+            view = memoryview(run)
+            records = []
+            start = 0
+            for n in sizes:
+                records.append(view[start:start + n])
+                start += n
+            written = self.append(records, [(0, ledger_id, e) for e in entry_ids])
+            return [RunPiece(loc[0], [e], [loc[1]], [loc[2]])
+                    for (_, e, loc) in written]
+        offsets = list(accumulate(sizes[:-1], initial=off))
+        log_id = self.log_id
+        index: list[bytes] = []
+        if self._index_fd >= 0:
+            pack = INDEX_RECORD.pack
+            index = [pack(ledger_id, e, log_id, o, n)
+                     for e, o, n in zip(entry_ids, offsets, sizes, strict=True)]
+        self._write([run], index, end)
+        return [RunPiece(log_id, entry_ids, offsets, sizes)]
 
     def _write(self, pieces: list[bytes | memoryview], index: list[bytes], end: int) -> None:
         if not pieces:

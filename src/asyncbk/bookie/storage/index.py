@@ -51,6 +51,13 @@ class EntryIndex(Protocol):
         location it replaces, if any."""
         ...
 
+    def put_run(self, ledger_id: int, entry_ids: list[int], log_id: int, offsets: list[int],
+                sizes: list[int]) -> list[Location]:
+        """:meth:`put` for each entry of a run written in one entry log (entry
+        ``entry_ids[i]`` at ``offsets[i]``, ``sizes[i]`` long); returns the locations
+        they replace."""
+        ...
+
     def run(self, ledger_id: int, first: int, count_max: int) -> Iterator[Location]:
         """The locations of entries ``first, first + 1, ...``: at most
         ``count_max``, ending before the first entry not stored."""
@@ -150,6 +157,30 @@ class LedgerIndex:
         self._put(entry_id, loc)
         return old
 
+    def put_run(self, entry_ids: list[int], log_id: int, offsets: list[int],
+                sizes: list[int]) -> list[Location]:
+        """:meth:`put` for each of a run of entries in log ``log_id``; the entries that
+        follow the dense range in order (the usual run) extend the arrays at once.
+        Returns the locations replaced."""
+        lengths = self._lengths
+        first = entry_ids[0]
+        count = len(entry_ids)
+        if first == len(lengths) and not self._sparse and entry_ids[-1] == first + count - 1 \
+                and entry_ids == list(range(first, first + count)):
+            base = log_id << 32
+            self._positions.extend([base | offset for offset in offsets])
+            lengths.extend(sizes)
+            self.count += count
+            if first + count - 1 > self.last:
+                self.last = first + count - 1
+            return []
+        replaced = []
+        for entry_id, offset, size in zip(entry_ids, offsets, sizes, strict=True):
+            old = self.put(entry_id, (log_id, offset, size))
+            if old is not None:
+                replaced.append(old)
+        return replaced
+
     def _put(self, entry_id: int, loc: Location) -> None:
         if entry_id > len(self._lengths) + INDEX_GAP_MAX:
             if entry_id not in self._sparse:
@@ -212,6 +243,13 @@ class MemoryEntryIndex:
         if entries is None:
             entries = self._ledgers[ledger_id] = LedgerIndex()
         return entries.put(entry_id, loc)
+
+    def put_run(self, ledger_id: int, entry_ids: list[int], log_id: int, offsets: list[int],
+                sizes: list[int]) -> list[Location]:
+        entries = self._ledgers.get(ledger_id)
+        if entries is None:
+            entries = self._ledgers[ledger_id] = LedgerIndex()
+        return entries.put_run(entry_ids, log_id, offsets, sizes)
 
     def run(self, ledger_id: int, first: int, count_max: int) -> Iterator[Location]:
         entries = self._ledgers.get(ledger_id)

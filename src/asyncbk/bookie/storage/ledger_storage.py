@@ -20,7 +20,7 @@ from ...errors import BadRequestError, BookieIOError, NoSuchEntryError, NoSuchLe
 from ...log import get_logger
 from ...types import LAST_ENTRY_ID
 from ..fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload, Worker
-from ..journal import Journal, JournalSync
+from ..journal import Journal
 from ..journal_format import (
     ADD_RECORD_OVERHEAD_BYTES,
     TYPE_ADD,
@@ -29,14 +29,15 @@ from ..journal_format import (
     TYPE_FENCE,
     TYPE_LEDGER_KEY,
     encode_add,
-    encode_adds,
+    encode_add_run,
     encode_delete_ledger,
     encode_explicit_lac,
     encode_fence,
     encode_ledger_key,
 )
+from ..journal_sync import JournalSync
 from .api import LedgerInfo
-from .batch import BatchApplied, write_batch
+from .batch import KIND_ADD_RUN, AddRun, BatchApplied, write_batch
 from .checkpointer import Checkpointer, wall_ms
 from .compaction import EntryLogCompactor
 from .entrylog import ENTRYLOG_DIR, EntryLogReader, remove_index_log
@@ -289,10 +290,11 @@ class LedgerStorage:
     def add_entries(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
                     bodies: list[bytes]) -> asyncio.Future[JournalSync]:
         """:meth:`add_entry` for many entries of one ledger, with one future (resolved
-        once every record is fsynced and every entry readable), queued all or none."""
-        records, items = self._add_records(ledger_id, entry_ids, master_key, bodies)
-        fut = self._journal.append_batch(records, items)
-        self._adds += len(records)
+        once every record is fsynced and every entry readable), queued all or none:
+        their records as one run (:meth:`Journal.append_run`)."""
+        run, item = self._add_run(ledger_id, entry_ids, master_key, bodies)
+        fut = self._journal.append_run(run, len(item.sizes), item)
+        self._adds += len(item.sizes)
         return fut
 
     def add_entries_then(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
@@ -300,22 +302,37 @@ class LedgerStorage:
                          then: Callable[[JournalSync | BaseException], None]) -> None:
         """:meth:`add_entries` with a callback instead of the future: ``then`` gets the
         group commit's :class:`JournalSync` (or the exception) in the loop turn it
-        completes (:meth:`Journal.append_batch_then`); raises as :meth:`add_entries`."""
-        records, items = self._add_records(ledger_id, entry_ids, master_key, bodies)
-        self._journal.append_batch_then(records, items, then)
-        self._adds += len(records)
+        completes (:meth:`Journal.append_batch_then`); raises as :meth:`add_entries`.
+        A lone entry goes as its ADD record (cheaper than a run of one)."""
+        if len(entry_ids) == 1:
+            entry_id = entry_ids[0]
+            self._check_open()
+            if ledger_id < 0 or entry_id < 0:
+                raise BadRequestError(f"bad entry id {ledger_id}/{entry_id}")
+            record = encode_add(ledger_id, entry_id, bodies[0])
+            info = self._ledgers.get(ledger_id)
+            if info is None:
+                self._journal.ensure_room(2)
+                info = self._register(ledger_id, master_key)
+            self._journal.append_batch_then([record], [(TYPE_ADD, ledger_id, entry_id, info)],
+                                            then)
+            self._adds += 1
+            return
+        run, item = self._add_run(ledger_id, entry_ids, master_key, bodies)
+        self._journal.append_run_then(run, len(item.sizes), item, then)
+        self._adds += len(item.sizes)
 
-    def _add_records(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
-                     bodies: list[bytes]) -> tuple[list[bytes], list[Any]]:
+    def _add_run(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
+                 bodies: list[bytes]) -> tuple[bytes, AddRun]:
         self._check_open()
         if ledger_id < 0 or not entry_ids or min(entry_ids) < 0:
             raise BadRequestError(f"bad entry ids of ledger {ledger_id}")
-        records = encode_adds(ledger_id, entry_ids, bodies)
+        run, sizes = encode_add_run(ledger_id, entry_ids, bodies)
         info = self._ledgers.get(ledger_id)
         if info is None:
-            self._journal.ensure_room(len(records) + 1)
+            self._journal.ensure_room(len(sizes) + 1)
             info = self._register(ledger_id, master_key)
-        return records, [(TYPE_ADD, ledger_id, entry_id, info) for entry_id in entry_ids]
+        return run, AddRun(KIND_ADD_RUN, ledger_id, entry_ids, sizes, info)
 
     def fence(self, ledger_id: int, master_key: bytes) -> asyncio.Future[JournalSync]:
         """Set fenced=True at once in memory (so later adds see it) and journal
@@ -424,18 +441,20 @@ class LedgerStorage:
                 kv_index.unhide(ledger_id)
             for log_id, delta in (live_delta or {}).items():
                 live[log_id] = live.get(log_id, 0) + delta
-        for ledger_id, entry_id, loc, owner in added:
-            written += loc[2]
+        for (log_id, entry_ids, offsets, sizes), ledger_id, owner in added:
+            nbytes = sum(sizes)
+            written += nbytes
             info = ledgers.get(ledger_id)
             if info is None or info is not owner:
-                continue  # deleted while its add was being written: the copy is garbage
+                continue  # deleted while its adds were being written: the copy is garbage
             if kv_index is None:
-                old = index.put(ledger_id, entry_id, loc)  # type: ignore[union-attr]
-                live[loc[0]] = live.get(loc[0], 0) + loc[2]
-                if old is not None:
+                live[log_id] = live.get(log_id, 0) + nbytes
+                for old in index.put_run(ledger_id, entry_ids, log_id,  # type: ignore[union-attr]
+                                         offsets, sizes):
                     live[old[0]] -= old[2]
-            if entry_id > info.last_entry_id:
-                info.last_entry_id = entry_id
+            last = entry_ids[-1] if len(entry_ids) == 1 else max(entry_ids)
+            if last > info.last_entry_id:
+                info.last_entry_id = last
         self._checkpointer.after_batch(written, self._closed)
 
     # --- deletion and compaction ----------------------------------------------
