@@ -28,7 +28,8 @@ PROPERTY_TESTS = [
     "tests/unit/test_quorum.py", "tests/unit/test_write_path.py",
     "tests/unit/test_journal_format.py", "tests/unit/test_storage.py",
     "tests/unit/test_storage_index.py", "tests/unit/test_storage_writecache.py",
-    "tests/unit/test_fuzz_props.py",
+    "tests/unit/test_fuzz_props.py", "tests/unit/test_pending.py", "tests/unit/test_outbox.py",
+    "tests/unit/test_storage_runs.py",
 ]
 
 
