@@ -133,8 +133,8 @@ async def _append_load(handles: list[Any], args: argparse.Namespace, entries: in
                 space.clear()
                 await space.wait()
             send(time.perf_counter())
-            if sent % 64 == 0:
-                await asyncio.sleep(0)  # let answers in between bursts
+            if sent % 1024 == 0:
+                await asyncio.sleep(0)  # let answers in between long bursts
     entries = sent  # a deadline may have cut the run short: wait for what was sent
     if inflight == 0 and not done.done():
         done.set_result(None)
