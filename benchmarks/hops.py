@@ -43,9 +43,10 @@ MARKS: list[tuple[str, str, str, str]] = [
      "self._batch_done)", "b_flush", "before"),
     ("bookie/journal.py", 'buf = records[0] if len(records) == 1 else b"".join(records)',
      "b_thread", "before"),
-    ("bookie/journal.py", "            t1 = time.perf_counter()\n            if self._sync:",
+    ("bookie/journal_writer.py", "        t1 = time.perf_counter()\n        if self._sync:",
      "b_written", "inside"),
-    ("bookie/journal.py", "self.io.fdatasync(self._fd)", "b_synced", "after"),
+    ("bookie/journal_writer.py", "        if self._sync:\n            self.io.fdatasync(self._fd)",
+     "b_synced", "after"),
     ("bookie/journal.py", "sink_result = self._sink.apply_in_writer(records, items) if "
      "self._sink else None", "b_applied", "after"),
     ("bookie/fileio.py", "        loop.call_soon_threadsafe(setter, first, second)",

@@ -58,6 +58,9 @@ class BookieConfig:
     journal_flush_when_queue_empty: bool = True
     journal_queue_entries_max: int = 20_000
     journal_file_bytes_max: int = 256 * 1024 * 1024
+    journal_preallocate_bytes: int = 16 * 1024 * 1024
+    """Allocate the journal file this far ahead of its writes (zeros), so a group
+    commit's fdatasync has no file size to make durable (0: none)."""
     journal_sync: bool = True
     """fdatasync the journal before acknowledging (turn off only for tests of the non-durable path)."""
 
@@ -171,6 +174,8 @@ class BookieConfig:
                         "connection_requests_max")
         if self.connection_idle_timeout_s < 0:
             raise ConfigError("connection_idle_timeout_s must be >= 0")
+        if self.journal_preallocate_bytes < 0:
+            raise ConfigError("journal_preallocate_bytes must be >= 0 (0: no preallocation)")
         _check_location("rack", self.rack)
         if self.journal_group_wait_ms_max < 0:
             raise ConfigError("journal_group_wait_ms_max must be >= 0")

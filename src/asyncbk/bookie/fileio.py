@@ -53,6 +53,16 @@ class FileIO(Protocol):
         """Write all of ``data`` at the end of the file."""
         ...
 
+    def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        """Write all of ``data`` at ``offset`` (over zeros :meth:`preallocate` put there)."""
+        ...
+
+    def preallocate(self, fd: int, length: int) -> None:
+        """Make the file ``length`` bytes long, the new bytes zeros and their blocks
+        allocated, so that later writes there change no file size and an ``fdatasync``
+        has no size to make durable."""
+        ...
+
     def pread(self, fd: int, length: int, offset: int) -> bytes:
         """Up to ``length`` bytes from ``offset`` (fewer at the end of the file)."""
         ...
@@ -124,6 +134,18 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[n:]
 
 
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """``os.pwrite`` until everything is written at ``offset``.  Looked up at each call
+    by :class:`OsFileIO` (tests replace it)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(f"os.pwrite wrote {n} bytes")
+        view = view[n:]
+        offset += n
+
+
 class OsFileIO:
     """:class:`FileIO` on the real file system (``os`` calls)."""
 
@@ -145,6 +167,14 @@ class OsFileIO:
 
     def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
         write_all(fd, data)
+
+    def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        pwrite_all(fd, data, offset)
+
+    def preallocate(self, fd: int, length: int) -> None:
+        size = os.fstat(fd).st_size
+        if length > size:
+            os.posix_fallocate(fd, size, length - size)
 
     def pread(self, fd: int, length: int, offset: int) -> bytes:
         return os.pread(fd, length, offset)

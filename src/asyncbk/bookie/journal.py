@@ -19,8 +19,9 @@ Threads and ownership
   completed, one write per connection, in that same loop turn).
 * One dedicated thread (a single-thread :class:`~.fileio.Worker` owned by the
   journal, from the ``offload`` seam) does every blocking file operation, on
-  the ``io`` seam (:mod:`.fileio`): one write of the whole
-  batch joined into one buffer, one ``fdatasync``, file rotation, and the
+  the ``io`` seam (:mod:`.fileio`): one write of the whole batch joined into one
+  buffer, one ``fdatasync``, file rotation and preallocation (its files:
+  :class:`~.journal_writer.JournalFileWriter`), and the
   :class:`BatchSink` hook (the ledger storage appends the batch's entries to
   its entry log there, so entry data costs no extra thread hop).  File
   position and descriptor are touched only on that thread; anything else
@@ -66,7 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,8 +79,8 @@ from ..log import get_logger
 from ..stats import LatencyHistogram
 from .fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload
 from .journal_files import list_journal_files, shrink_then_unlink
-from .journal_format import journal_file_name
 from .journal_sync import JournalSync, Then, Waiter
+from .journal_writer import JournalFileWriter
 
 T = TypeVar("T")
 
@@ -151,16 +152,11 @@ class Journal:
         self._flush_when_empty = config.journal_flush_when_queue_empty
         self._queue_max = config.journal_queue_entries_max
         self._low_water = max(1, (3 * self._queue_max) // 4)
-        self._file_bytes_max = config.journal_file_bytes_max
-        self._sync = config.journal_sync
         self._worker = offload.worker("asyncbk-journal", 1)
 
         # writer-thread state (touched only on the executor thread)
-        self._fd = -1
-        self._seq = first_seq
-        self._offset = 0
+        self._files = JournalFileWriter(self.directory, io, config, self._log, first_seq)
         self._thread_failed = False
-        self._files_created = 0
 
         # loop state
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -204,7 +200,7 @@ class Journal:
     async def start(self) -> None:
         """Create the first journal file (``first_seq``); appends may follow."""
         self._loop = asyncio.get_running_loop()
-        await self._worker.run(self._open_file, self._first_seq)
+        await self._worker.run(self._files.open, self._first_seq)
 
     async def drain(self) -> None:
         """Stop accepting appends, write out everything queued, return once idle."""
@@ -239,7 +235,10 @@ class Journal:
         self._closed = True
         try:
             if self._loop is not None:
-                await self._worker.run(self._close_file)
+                # (stopped as if the process died, or failed: the zeros stay, as a crash
+                # leaves them)
+                cut = self._failed is None and not self._thread_failed
+                await self._worker.run(functools.partial(self._files.close, cut=cut))
         finally:
             self._fail_all(BookieIOError("journal closed"))
             await self._worker.shutdown()
@@ -574,47 +573,19 @@ class Journal:
 
     # --- writer thread --------------------------------------------------
 
-    def _open_file(self, seq: int) -> None:
-        path = self.directory / journal_file_name(seq)
-        fd = self.io.create(path, exclusive=True)
-        try:
-            self.io.fsync_dir(self.directory)
-        except BaseException:
-            self.io.close(fd)
-            raise
-        self._fd, self._seq, self._offset = fd, seq, 0
-        self._files_created += 1
-
-    def _close_file(self) -> None:
-        if self._fd >= 0:
-            fd, self._fd = self._fd, -1
-            self.io.close(fd)
-
     def _write_batch(self, records: list[bytes], items: list[Any]) -> _BatchResult:
         if self._thread_failed:
             raise BookieIOError("journal failed earlier")
+        files = self._files
         try:
-            if self._offset >= self._file_bytes_max:
-                # The previous batch was synced into the old file: it is complete.
-                self._close_file()
-                self._open_file(self._seq + 1)
             buf = records[0] if len(records) == 1 else b"".join(records)
-            # performance timers: only reported (write and fsync latency statistics)
-            start_ns = time.time_ns()  # (wall clock: where tracing spans put it)
-            t0 = time.perf_counter()
-            self.io.write(self._fd, buf)
-            t1 = time.perf_counter()
-            if self._sync:
-                self.io.fdatasync(self._fd)
-            t2 = time.perf_counter()
-            end_ns = time.time_ns()
-            self._offset += len(buf)
+            written = files.write(buf)
             sink_result = self._sink.apply_in_writer(records, items) if self._sink else None
         except BaseException:
             self._thread_failed = True
             raise
-        return _BatchResult(sink_result, t1 - t0, t2 - t1, len(buf), self._seq, self._offset,
-                            start_ns, end_ns)
+        return _BatchResult(sink_result, written.write_s, written.fsync_s, len(buf), files.seq,
+                            files.offset, written.start_ns, written.end_ns)
 
     @property
     def writer_failed(self) -> bool:
@@ -624,7 +595,7 @@ class Journal:
     @property
     def position(self) -> tuple[int, int]:
         """(file seq, offset) after the last batch written; writer thread only."""
-        return self._seq, self._offset
+        return self._files.seq, self._files.offset
 
     def delete_files_before(self, seq: int) -> int:
         """Remove journal files with a smaller seq; returns how many.  Safe beside the
@@ -660,7 +631,7 @@ class Journal:
             "queue_entries_waiting": self._queued_records,
             "queue_entries_peak": self._pending_peak,
             "queue_entries_max": self._queue_max,
-            "files_created": self._files_created,
+            "files_created": self._files.files_created,
             "position": self._synced_position,
             "failed": self._failed is not None,
         }

@@ -8,12 +8,15 @@ Files
 A bookie's journal directory holds files named ``<seq:016x>.jnl``: ``seq`` is
 a 64-bit sequence number in 16 lower-case hex digits, so lexical order is
 numeric order (``0000000000000001.jnl``, ``0000000000000002.jnl``, ...).  A
-file has no header: it is a plain concatenation of records.  Files are only
-ever appended to (recovery may cut a torn tail, see below, and then writing
-resumes in a new file); a new file (``seq + 1``) is started when the current one
-reaches ``journal_file_bytes_max``, and a file is deleted only once a
-checkpoint has made every record in it redundant.  Other names in the
-directory are ignored.
+file has no header: it is a plain concatenation of records, possibly followed by
+zero bytes (space the writer allocated ahead of its writes,
+``journal_preallocate_bytes``; replay stops at the first of them, a zero length,
+as at any tail, and cuts them).  Records are only ever added after the last one
+(recovery may cut a torn tail, see below, and then writing resumes in a new
+file); a new file (``seq + 1``) is started when the current one reaches
+``journal_file_bytes_max``, once the current one is cut to its last record
+(durably), and a file is deleted only once a checkpoint has made every record in
+it redundant.  Other names in the directory are ignored.
 
 Records
 -------

@@ -348,6 +348,25 @@ class SimMount:
             raise OSError(errno.ENOSPC, "sim: no space left on device")
         self._record(o.file, ("w", len(o.file.data), bytes(data)))
 
+    def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+        o = self._open(fd)
+        if not o.writable:
+            raise OSError(errno.EBADF, "sim: not open for writing")
+        self._check_path(o.path)
+        if self.fs._full and offset + len(data) > len(o.file.data):
+            raise OSError(errno.ENOSPC, "sim: no space left on device")
+        self._record(o.file, ("w", offset, bytes(data)))
+
+    def preallocate(self, fd: int, length: int) -> None:
+        o = self._open(fd)
+        if not o.writable:
+            raise OSError(errno.EBADF, "sim: not open for writing")
+        self._check_path(o.path)
+        if length > len(o.file.data):
+            if self.fs._full:
+                raise OSError(errno.ENOSPC, "sim: no space left on device")
+            self._record(o.file, ("t", length, b""))  # (zeros, as a truncate that extends)
+
     def pread(self, fd: int, length: int, offset: int) -> bytes:
         return bytes(self._open(fd).file.data[offset:offset + length])
 

@@ -135,6 +135,20 @@ def _open_at_length(io: FileIO, path: Path, length: int, what: str) -> int:
     return fd
 
 
+def _zeros_only(io: FileIO, path: Path, start: int, end: int) -> bool:
+    """Whether bytes ``start`` to ``end`` of the file are all zeros (read in chunks)."""
+    fd = io.open_read(path)
+    try:
+        while start < end:
+            data = io.pread(fd, min(REPLAY_CHUNK_BYTES, end - start), start)
+            if not data or data.count(0) != len(data):
+                return False
+            start += len(data)
+        return True
+    finally:
+        io.close(fd)
+
+
 def _replay_file(io: FileIO, path: Path, start: int, writer: EntryLogWriter,
                  durable: DurableState, index: EntryIndex | KVEntryIndex,
                  stats: dict[str, Any], now_ms: int) -> tuple[int, int]:
@@ -286,7 +300,8 @@ def recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any,
                             0 if on_disk else mark.index_length)
     kv: WriteCacheKV | None = None
     stats: dict[str, Any] = {"records_replayed": 0, "adds_replayed": 0, "bytes_cut": 0,
-                             "journal_files_removed": 0, "journal_files_replayed": 0}
+                             "bytes_preallocated": 0, "journal_files_removed": 0,
+                             "journal_files_replayed": 0}
     try:
         io.fsync_dir(entrylog_dir)
         io.fsync_dir(ledger_dir)
@@ -358,15 +373,19 @@ def recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any,
             prev_seq = seq
             if good < size:
                 cut = True
-                stats["bytes_cut"] += size - good
+                # zeros alone after the last record of the last file: space the writer
+                # allocated ahead of itself, not a torn write
+                allocated = seq == files[-1][0] and _zeros_only(io, path, good, size)
+                stats["bytes_preallocated" if allocated else "bytes_cut"] += size - good
                 fd = io.open_append(path)
                 try:
                     io.truncate(fd, good)
                     io.fdatasync(fd)
                 finally:
                     io.close(fd)
-                log.warning("journal torn tail cut", file=path.name, offset=good,
-                            bytes_cut=size - good)
+                if not allocated:
+                    log.warning("journal torn tail cut", file=path.name, offset=good,
+                                bytes_cut=size - good)
         if stats["journal_files_removed"]:
             log.error("journal files after a torn record removed",
                       files=stats["journal_files_removed"])
