@@ -190,13 +190,22 @@ async def test_write_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     await j.close()
 
 
-async def test_queue_bound_and_wait_for_space(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def held_in_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                        **config: Any) -> tuple[Journal, BlockingSync, asyncio.Future[Any]]:
+    """A journal whose first batch, one record (``rec(0)``), is held in its fsync until
+    ``sync.release`` is set: the journal, the fsync, that record's future."""
     sync = BlockingSync()
     monkeypatch.setattr(fileio_mod, "fdatasync", sync)
-    j = await started(tmp_path, journal_queue_entries_max=8)
-    futs = [j.append(rec(0))]
+    j = await started(tmp_path, **config)
+    first = j.append(rec(0))
     await sync.wait_entered()
+    return j, sync, first
+
+
+async def test_queue_bound_and_wait_for_space(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    j, sync, first = await held_in_fsync(tmp_path, monkeypatch, journal_queue_entries_max=8)
+    futs = [first]
     futs += [j.append(rec(i)) for i in range(1, 8)]  # 1 in flight + 7 queued = the bound
     with pytest.raises(TooManyRequestsError):
         j.append(rec(8))

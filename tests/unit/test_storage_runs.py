@@ -13,13 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncbk.bookie import fileio as fileio_mod
 from asyncbk.bookie.journal_format import encode_add, encode_add_run
 from asyncbk.bookie.storage import LedgerIndex, LedgerStorage
 from asyncbk.config import BookieConfig
 from asyncbk.errors import TooManyRequestsError
 
-from .test_journal import BlockingSync, read_journal, started
+from .test_journal import held_in_fsync, read_journal, started
 
 KEY = b"k"
 
@@ -63,11 +62,7 @@ async def test_a_run_is_never_split_across_group_commits(tmp_path: Path) -> None
 
 async def test_a_full_queue_refuses_a_run_whole(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    sync = BlockingSync()
-    monkeypatch.setattr(fileio_mod, "fdatasync", sync)
-    j = await started(tmp_path, journal_queue_entries_max=10)
-    first = j.append(encode_add(1, 0, b"a"))
-    await sync.wait_entered()
+    j, sync, first = await held_in_fsync(tmp_path, monkeypatch, journal_queue_entries_max=10)
     run, count = run_of(1, list(range(1, 11)))  # 1 in flight + 10 > 10
     with pytest.raises(TooManyRequestsError):
         j.append_run(run, count, None)
