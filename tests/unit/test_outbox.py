@@ -196,3 +196,20 @@ def test_shared_bodies_are_encoded_once_and_frame_as_the_general_encoder() -> No
     for rid, out in zip(range(40, 43), frames, strict=True):
         assert b"".join(out) == encode_request(AddBatchRequest(
             rid, 7, b"key", 0, 1, [0, 1, 2], [b"body0", b"body1", b"body2"]))
+
+
+def test_a_channel_that_takes_at_once_leaves_the_other_bookies_their_part() -> None:
+    """A channel that cannot send takes (and refuses) its part as soon as the outbox
+    registers: the entry still goes to the entry's other bookies."""
+    box, client, _ = _outbox()
+    taken: list[Any] = []
+
+    class Refusing(Channel):
+        def add_source(self, source: Any) -> None:
+            taken.extend(source.take("a"))
+
+    client.channels["a"] = Refusing()
+    box.queue_entry(0, (0, 1, 2), -1, ("a", "b", "c"), b"e0", b"")
+    assert [g.entry_ids for g in taken] == [[0]]
+    assert [g.entry_ids for g in box.take("b")] == [[0]]
+    assert [g.entry_ids for g in box.take("c")] == [[0]]

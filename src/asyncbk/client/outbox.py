@@ -109,11 +109,20 @@ class Outbox:
         if lac > self._lac:
             self._lac = lac
         waiting = self._waiting
+        new = None
         for p in positions:
             bookie = ensemble[p]
             if bookie not in waiting:
                 waiting[bookie] = (p, slot)
-                self._client.channel(bookie).add_source(self)
+                if new is None:
+                    new = [bookie]
+                else:
+                    new.append(bookie)
+        if new is not None:  # (after the loop: a channel that cannot send takes at once,
+            # and the lists must not be renewed while another bookie's part is unrecorded)
+            client = self._client
+            for bookie in new:
+                client.channel(bookie).add_source(self)
 
     def queue(self, sends: Sequence[tuple[int, int]], lac: int, ensemble: Sequence[BookieId],
               entries: Queued) -> None:
