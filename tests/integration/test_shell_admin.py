@@ -245,6 +245,17 @@ async def test_offline_commands_on_a_stopped_bookie(tmp_path: Path) -> None:
             f.write(b"\x07\x00\x00\x00torn")  # a crash in the middle of a write
         out = ok(await shell("readjournal", "--journal-dir", str(cj)))
         assert "do not decode (torn or damaged)" in out and "tail of a crash" in out
+        # the zeros a crashed bookie's last journal file ends in (allocated ahead of its
+        # writes, journal_preallocate_bytes) are no damage
+        zeroed = tmp_path / "zeroed"
+        shutil.copytree(b.dir, zeroed)
+        with (zeroed / "journal" / "0000000000000001.jnl").open("ab") as f:
+            f.write(bytes(1 << 20))
+        out = ok(await shell("readjournal", "--journal-dir", str(zeroed / "journal")))
+        assert "ADD" in out and "do not decode" not in out
+        assert "consistent" in ok(await shell("localconsistencycheck", "--journal-dir",
+                                              str(zeroed / "journal"), "--ledger-dir",
+                                              str(zeroed / "ledgers")))
         log = cl / "entrylog" / "00000000.log"
         data = bytearray(log.read_bytes())
         spot = len(data) // 2

@@ -1,5 +1,6 @@
-"""The journal's files on disk: listing them (replay, the shell, tests) and removing
-old ones without stalling the disk (the journal's ``delete_files_before``)."""
+"""The journal's files on disk: listing them (replay, the shell, tests), telling the
+zeros allocated ahead of the writes from a torn tail, and removing old ones without
+stalling the disk (the journal's ``delete_files_before``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,27 @@ from pathlib import Path
 from .fileio import OS_FILE_IO, FileIO
 from .journal_format import parse_journal_file_name
 
+ZEROS_CHUNK_BYTES = 8 * 1024 * 1024
+""":func:`zeros_only` reads this much at a time."""
+
 DELETE_STEP_BYTES = 16 * 1024 * 1024
 """Journal files are truncated this much at a time before they are unlinked."""
+
+
+def zeros_only(io: FileIO, path: Path, start: int, end: int) -> bool:
+    """Whether bytes ``start`` to ``end`` of the file are all zeros: after the last
+    record of the last journal file, that is the space the writer allocated ahead of
+    itself (``journal_preallocate_bytes``), not a torn write."""
+    fd = io.open_read(path)
+    try:
+        while start < end:
+            data = io.pread(fd, min(ZEROS_CHUNK_BYTES, end - start), start)
+            if not data or data.count(0) != len(data):
+                return False
+            start += len(data)
+        return True
+    finally:
+        io.close(fd)
 
 
 def shrink_then_unlink(io: FileIO, path: Path, step: int = DELETE_STEP_BYTES,

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..bookie.cookie import COOKIE_FILE, LOCK_FILE
+from ..bookie.fileio import OS_FILE_IO
+from ..bookie.journal_files import zeros_only
 from ..bookie.journal_format import (
     AddRecord,
     DeleteLedgerRecord,
@@ -282,6 +284,15 @@ def _tail(path: Path, scan: Scan, consequence: str) -> str | None:
             f"decode (torn or damaged){consequence}")
 
 
+def _journal_tail(path: Path, scan: Scan, last: bool) -> str | None:
+    """:func:`_tail` of a journal file: zeros alone after the last file's records are the
+    space its writer allocated ahead of itself, which is no damage."""
+    if last and scan.good_end < scan.size and zeros_only(OS_FILE_IO, path, scan.good_end,
+                                                          scan.size):
+        return None
+    return _tail(path, scan, JOURNAL_TAIL if last else JOURNAL_GAP)
+
+
 # ------------------------------------------------------------------ the commands
 
 
@@ -344,7 +355,7 @@ def _readjournal(args: argparse.Namespace) -> int:
         for path in files:
             scan = _print_records(path, args)
             is_last = bool(every) and path.resolve() == every[-1].resolve()
-            why = _tail(path, scan, JOURNAL_TAIL if is_last else JOURNAL_GAP)
+            why = _journal_tail(path, scan, is_last)
             if why:
                 print(why)
                 problems += not is_last
@@ -588,7 +599,7 @@ def _localconsistencycheck(args: argparse.Namespace) -> int:
                     for _ in scan_file(path, scan):
                         pass
                     last = i == len(files) - 1
-                    why = _tail(path, scan, JOURNAL_TAIL if last else JOURNAL_GAP)
+                    why = _journal_tail(path, scan, last)
                     if why:
                         (check.notes if last else check.problems).append(why)
     for note in check.notes:

@@ -37,7 +37,7 @@ from typing import Any
 from ...config import BookieConfig
 from ...errors import BookieIOError, ConfigError
 from ..fileio import OS_FILE_IO, FileIO
-from ..journal_files import list_journal_files
+from ..journal_files import list_journal_files, zeros_only
 from ..journal_format import (
     TYPE_ADD,
     TYPE_DELETE_LEDGER,
@@ -133,20 +133,6 @@ def _open_at_length(io: FileIO, path: Path, length: int, what: str) -> int:
         io.close(fd)
         raise
     return fd
-
-
-def _zeros_only(io: FileIO, path: Path, start: int, end: int) -> bool:
-    """Whether bytes ``start`` to ``end`` of the file are all zeros (read in chunks)."""
-    fd = io.open_read(path)
-    try:
-        while start < end:
-            data = io.pread(fd, min(REPLAY_CHUNK_BYTES, end - start), start)
-            if not data or data.count(0) != len(data):
-                return False
-            start += len(data)
-        return True
-    finally:
-        io.close(fd)
 
 
 def _replay_file(io: FileIO, path: Path, start: int, writer: EntryLogWriter,
@@ -375,7 +361,7 @@ def recover(journal_dir: Path, ledger_dir: Path, config: BookieConfig, log: Any,
                 cut = True
                 # zeros alone after the last record of the last file: space the writer
                 # allocated ahead of itself, not a torn write
-                allocated = seq == files[-1][0] and _zeros_only(io, path, good, size)
+                allocated = seq == files[-1][0] and zeros_only(io, path, good, size)
                 stats["bytes_preallocated" if allocated else "bytes_cut"] += size - good
                 fd = io.open_append(path)
                 try:
