@@ -272,18 +272,8 @@ class LedgerStorage:
         TooManyRequestsError if the journal queue is full, BookieIOError if
         the journal failed or the storage is closed.
         """
-        self._check_open()
-        if ledger_id < 0 or entry_id < 0:
-            raise BadRequestError(f"bad entry id {ledger_id}/{entry_id}")
-        record = encode_add(ledger_id, entry_id, body)
-        journal = self._journal
-        if ledger_id not in self._ledgers:
-            journal.ensure_room(2)
-            info = self._register(ledger_id, master_key)
-        else:
-            info = self._ledgers[ledger_id]
-        # the LedgerInfo rides along: a ledger deleted and re-created meanwhile is another
-        fut = journal.append(record, (TYPE_ADD, ledger_id, entry_id, info))
+        record, item = self._add_record(ledger_id, entry_id, master_key, body)
+        fut = self._journal.append(record, item)
         self._adds += 1
         return fut
 
@@ -305,22 +295,27 @@ class LedgerStorage:
         completes (:meth:`Journal.append_batch_then`); raises as :meth:`add_entries`.
         A lone entry goes as its ADD record (cheaper than a run of one)."""
         if len(entry_ids) == 1:
-            entry_id = entry_ids[0]
-            self._check_open()
-            if ledger_id < 0 or entry_id < 0:
-                raise BadRequestError(f"bad entry id {ledger_id}/{entry_id}")
-            record = encode_add(ledger_id, entry_id, bodies[0])
-            info = self._ledgers.get(ledger_id)
-            if info is None:
-                self._journal.ensure_room(2)
-                info = self._register(ledger_id, master_key)
-            self._journal.append_batch_then([record], [(TYPE_ADD, ledger_id, entry_id, info)],
-                                            then)
+            record, item = self._add_record(ledger_id, entry_ids[0], master_key, bodies[0])
+            self._journal.append_batch_then([record], [item], then)
             self._adds += 1
             return
-        run, item = self._add_run(ledger_id, entry_ids, master_key, bodies)
-        self._journal.append_run_then(run, len(item.sizes), item, then)
-        self._adds += len(item.sizes)
+        run, added = self._add_run(ledger_id, entry_ids, master_key, bodies)
+        self._journal.append_run_then(run, len(added.sizes), added, then)
+        self._adds += len(added.sizes)
+
+    def _add_record(self, ledger_id: int, entry_id: int, master_key: bytes,
+                    body: bytes) -> tuple[bytes, tuple[int, int, int, LedgerInfo]]:
+        """One entry's ADD record and journal item (the ledger registered if new)."""
+        self._check_open()
+        if ledger_id < 0 or entry_id < 0:
+            raise BadRequestError(f"bad entry id {ledger_id}/{entry_id}")
+        record = encode_add(ledger_id, entry_id, body)
+        info = self._ledgers.get(ledger_id)
+        if info is None:
+            self._journal.ensure_room(2)
+            info = self._register(ledger_id, master_key)
+        # the LedgerInfo rides along: a ledger deleted and re-created meanwhile is another
+        return record, (TYPE_ADD, ledger_id, entry_id, info)
 
     def _add_run(self, ledger_id: int, entry_ids: list[int], master_key: bytes,
                  bodies: list[bytes]) -> tuple[bytes, AddRun]:
