@@ -43,31 +43,42 @@ class FrameDecoder:
         return len(self._buf)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """Add ``data``; return the bodies of every frame completed by it, in order."""
+        """Add ``data``; return the bodies of every frame completed by it, in order.
+
+        Each body is copied once, from ``data`` itself when nothing was buffered (a
+        frame that arrived whole is never buffered first); only an unfinished frame's
+        bytes are kept."""
         buf = self._buf
-        buf += data
+        if buf:
+            buf += data
+            src: bytes | bytearray | memoryview = buf
+        else:
+            src = data
         out: list[bytes] = []
         pos = 0
-        end = len(buf)
         need = self._need
-        while True:
-            if need < 0:
-                if end - pos < FRAME_HEADER_BYTES:
+        with memoryview(src) as view:
+            end = len(view)
+            while True:
+                if need < 0:
+                    if end - pos < FRAME_HEADER_BYTES:
+                        break
+                    (need,) = _HEADER.unpack_from(view, pos)
+                    if need == 0 or need > self.frame_bytes_max:
+                        self._buf = bytearray()
+                        self._need = -1
+                        raise ProtocolError(
+                            f"frame length {need} outside 1..{self.frame_bytes_max} bytes"
+                        )
+                    pos += FRAME_HEADER_BYTES
+                if end - pos < need:
                     break
-                (need,) = _HEADER.unpack_from(buf, pos)
-                if need == 0 or need > self.frame_bytes_max:
-                    self._buf = bytearray()
-                    self._need = -1
-                    raise ProtocolError(
-                        f"frame length {need} outside 1..{self.frame_bytes_max} bytes"
-                    )
-                pos += FRAME_HEADER_BYTES
-            if end - pos < need:
-                break
-            out.append(bytes(buf[pos : pos + need]))
-            pos += need
-            need = -1
-        if pos:
+                out.append(bytes(view[pos : pos + need]))
+                pos += need
+                need = -1
+            if src is not buf and pos < end:
+                buf += view[pos:]
+        if src is buf and pos:
             del buf[:pos]
         self._need = need
         return out
