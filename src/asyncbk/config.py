@@ -63,6 +63,10 @@ class BookieConfig:
     commit's fdatasync has no file size to make durable (0: none)."""
     journal_sync: bool = True
     """fdatasync the journal before acknowledging (turn off only for tests of the non-durable path)."""
+    malloc_tuning: bool = True
+    """Keep freed memory for reuse (glibc ``mallopt``: :mod:`asyncbk.bookie.allocator`),
+    so the large buffer of each group of adds is not faulted in afresh; MALLOC_*
+    environment variables of glibc take precedence."""
 
     # entry storage
     entry_log_bytes_max: int = 1024 * 1024 * 1024

@@ -59,6 +59,7 @@ from ..tracing import Tracing
 from ..tracing import configure as configure_tracing
 from ..tracing import shutdown as shutdown_tracing
 from .admin import JournalFigures, ListenerFigures, ProcessorFigures, StateView
+from .allocator import tune_malloc
 from .context import BookieContext
 from .cookie import HeldLock, check_or_format
 from .diskwatch import DiskCheck, DiskWatch
@@ -521,7 +522,9 @@ async def run_bookie(config: BookieConfig, ready_line: bool = True,
     """Run a bookie until SIGTERM / SIGINT, then stop it gracefully; SIGHUP reloads its
     certificate, key, CA and tokens.  A companion (made before the bookie starts, so it
     can add HTTP routes) runs beside it."""
+    malloc = tune_malloc() if config.malloc_tuning else "off"
     server = BookieServer(config)
+    server.log.info("malloc settings", malloc=malloc)
     companion = await companion_factory(server) if companion_factory is not None else None
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
