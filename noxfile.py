@@ -96,6 +96,16 @@ def bench_speed(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_floor(session: nox.Session) -> None:
+    """The least replicated append in Python on this machine (three servers that append,
+    sync and answer; a client counting the second answer): the floor under asyncbk's
+    sequential and pipelined figures.  ``nox -s bench_floor -- --rounds 3``."""
+    session.install("-e", ".[bench]")
+    session.run("python", "benchmarks/floor.py", "--json", "bench-results/floor.json",
+                *session.posargs)
+
+
+@nox.session
 def bench_placement(session: nox.Session) -> None:
     """Write throughput and latency of the placement policies (random, rack-aware,
     region-aware) in the same run, on six bookies in 2 regions x 3 racks, each on a host

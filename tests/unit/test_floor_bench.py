@@ -1,0 +1,33 @@
+"""``benchmarks/floor.py`` runs end to end (tiny counts): three servers that append,
+sync and answer, and a client that counts each append done at the second answer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+FLOOR = Path(__file__).resolve().parents[2] / "benchmarks" / "floor.py"
+
+
+def test_floor_measures_every_mode(tmp_path: Path) -> None:
+    out = tmp_path / "floor.json"
+    done = subprocess.run(
+        [sys.executable, str(FLOOR), "--rounds", "1", "--sequential-entries", "30",
+         "--entries", "600", "--inflight", "64", "--dir", str(tmp_path),
+         "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert set(result) == {"loop", "thread", "none"}
+    for mode in result.values():
+        median = mode["median"]
+        assert 0 < median["sequential_p50_us"] <= median["sequential_p99_us"]
+        assert median["pipelined_eps"] > 0
+    assert not [p for p in tmp_path.rglob("server*.dat")]  # (its files removed)
+
+
+def test_floor_refuses_an_unknown_mode() -> None:
+    done = subprocess.run([sys.executable, str(FLOOR), "--modes", "loop,disk"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--modes takes loop, thread and none" in done.stderr
