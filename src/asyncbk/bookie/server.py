@@ -524,7 +524,6 @@ async def run_bookie(config: BookieConfig, ready_line: bool = True,
     can add HTTP routes) runs beside it."""
     malloc = tune_malloc() if config.malloc_tuning else "off"
     server = BookieServer(config)
-    server.log.info("malloc settings", malloc=malloc)
     companion = await companion_factory(server) if companion_factory is not None else None
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
@@ -539,6 +538,7 @@ async def run_bookie(config: BookieConfig, ready_line: bool = True,
         if companion is not None:
             await companion.close()
         raise
+    server.log.info("malloc settings", malloc=malloc)  # (once started: no line before an error)
     try:
         if companion is not None:
             await companion.start()
