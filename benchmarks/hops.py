@@ -10,6 +10,7 @@ the bookie whose answer completed the ack quorum (the second of three), and of
 the client around it. The package itself carries no marks.
 
     python benchmarks/hops.py [--entries 2000]
+    python benchmarks/hops.py --inflight 256 --entries 60000   # the steps of a window
 """
 
 from __future__ import annotations
@@ -117,6 +118,110 @@ async def main(n):
 
 uvloop.run(main(int(sys.argv[1])))
 '''
+
+
+PIPELINED_WORKLOAD = '''
+import asyncio, gc, sys, tempfile
+from pathlib import Path
+import uvloop
+from asyncbk import _hops
+from asyncbk.testing import LocalCluster
+
+async def main(n, window):
+    with tempfile.TemporaryDirectory() as d:
+        async with LocalCluster(data_dir=Path(d) / "c", bookies=3) as c:
+            bk = await c.client()
+            lh = await bk.create_ledger(3, 3, 2)
+            data = b"x" * 1024
+
+            async def load(total):  # as `asyncbk bench write`: what the window allows, at once
+                inflight, sent, space = 0, 0, asyncio.Event()
+
+                def done(_):
+                    nonlocal inflight
+                    inflight -= 1
+                    space.set()
+
+                while sent < total or inflight:
+                    if sent < total and inflight < window:
+                        lh.append(data).add_done_callback(done)
+                        inflight += 1
+                        sent += 1
+                        continue
+                    space.clear()
+                    await space.wait()
+
+            await load(20 * window)
+            gc.freeze()
+            _hops.EVENTS.clear()
+            _hops.mark("c_begin")
+            await load(n)
+            _hops.mark("c_end")
+            await lh.close()
+
+uvloop.run(main(int(sys.argv[1]), int(sys.argv[2])))
+'''
+
+# one pipelined window, in order: the client's writes to the bookies start it, the
+# quorum bookie's steps follow, the client's next writes end it
+WINDOW_STEPS = [
+    ("c_write", "b_enq", "client writes, the quorum bookie has read, decoded and queued it"),
+    ("b_enq", "b_flush", "bookie: the journal's kick"),
+    ("b_flush", "b_thread", "hand-off to the journal thread"),
+    ("b_thread", "b_written", "journal write(2)"),
+    ("b_written", "b_synced", "journal fdatasync(2)"),
+    ("b_synced", "b_applied", "entry log append"),
+    ("b_applied", "b_back", "hand-back to the event loop"),
+    ("b_back", "b_send", "bookie: index, answers encoded and written"),
+    ("b_send", "c_recv", "the answer reaching the client"),
+    ("c_recv", "c_next", "client: appends completed, the next window issued, up to its writes"),
+]
+
+
+def analyse_windows(client: list[tuple[str, int]], bookies: list[list[tuple[str, int]]]
+                    ) -> None:
+    """Per window (a client write to each bookie, up to the next ones), the p50 and mean
+    of each step of the bookie whose answer completed the quorum (the second)."""
+    begin = next(t for n, t in client if n == "c_begin")
+    end = next(t for n, t in client if n == "c_end")
+    writes = [t for n, t in client if n == "c_write" and begin <= t <= end]
+    recvs = [t for n, t in client if n == "c_recv" and begin <= t <= end]
+    names = ["b_enq", "b_flush", "b_thread", "b_written", "b_synced", "b_applied", "b_back",
+             "b_send"]
+    steps: dict[str, list[int]] = collections.defaultdict(list)
+    totals: list[int] = []
+    for k in range(0, len(writes) - 3, 3):  # (one write per bookie)
+        start, stop = writes[k], writes[k + 3]
+        rows = []
+        for ev in bookies:
+            times = [t for _, t in ev]
+            row, prev = {}, start
+            for name in names:
+                t = first(ev, times, name, prev, stop)
+                if t is None:
+                    break
+                row[name] = prev = t
+            else:
+                rows.append(row)
+        if len(rows) < 2:
+            continue
+        at = {"c_write": start, "c_next": stop} | sorted(rows, key=lambda r: r["b_send"])[1]
+        i = bisect.bisect_left(recvs, at["b_send"])
+        if i == len(recvs) or recvs[i] > stop:
+            continue
+        at["c_recv"] = recvs[i]
+        for a, b, what in WINDOW_STEPS:
+            steps[what].append(at[b] - at[a])
+        totals.append(stop - start)
+    if not totals:
+        sys.exit("hops.py: no window lined up")
+    print(f"{len(totals)} windows lined up")
+    print(f"{'step of a window':70s} {'p50 us':>8s} {'mean us':>8s}")
+    for _, _, what in WINDOW_STEPS:
+        v = sorted(steps[what])
+        print(f"{what:70s} {v[len(v) // 2] / 1e3:8.1f} {sum(v) / len(v) / 1e3:8.1f}")
+    v = sorted(totals)
+    print(f"{'the window':70s} {v[len(v) // 2] / 1e3:8.1f} {sum(v) / len(v) / 1e3:8.1f}")
 
 
 def instrumented_copy(dest: Path) -> Path:
@@ -235,21 +340,28 @@ def analyse(client: list[tuple[str, int]], bookies: list[list[tuple[str, int]]])
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=2000,
-                        help="sequential appends measured (default: 2000)")
+                        help="appends measured (default: 2000)")
+    parser.add_argument("--inflight", type=int, default=1,
+                        help="appends in flight (default: 1, each hop of one append; more: "
+                             "the steps of a pipelined window, issued as `asyncbk bench "
+                             "write` does)")
     args = parser.parse_args()
     if args.entries < 10:
         parser.error("--entries must be at least 10")
+    if args.inflight < 1:
+        parser.error("--inflight must be at least 1")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         src = instrumented_copy(work)
         out = work / "marks"
         out.mkdir()
         script = work / "workload.py"
-        script.write_text(textwrap.dedent(WORKLOAD))
+        pipelined = args.inflight > 1
+        script.write_text(textwrap.dedent(PIPELINED_WORKLOAD if pipelined else WORKLOAD))
         env = {**os.environ, "PYTHONPATH": str(src), "ASYNCBK_HOPS_DIR": str(out)}
-        subprocess.run([sys.executable, str(script), str(args.entries)], env=env, check=True,
-                       timeout=600)
-        analyse(*load(out))
+        subprocess.run([sys.executable, str(script), str(args.entries), str(args.inflight)],
+                       env=env, check=True, timeout=600)
+        (analyse_windows if pipelined else analyse)(*load(out))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ def test_every_mark_lands_once_and_the_copy_compiles(hops: ModuleType, tmp_path:
     # every hop starts and ends at a mark the copy has (or the workload's own)
     names = set(placed) | {"c_resumed", "c_recv2"}
     assert {a for a, _, _ in hops.HOPS} | {b for _, b, _ in hops.HOPS} <= names
+    # and every step of a pipelined window (the next window's writes end it)
+    steps = {a for a, _, _ in hops.WINDOW_STEPS} | {b for _, b, _ in hops.WINDOW_STEPS}
+    assert steps <= set(placed) | {"c_next"}
 
 
 def test_a_moved_anchor_stops_the_benchmark_with_a_message(
