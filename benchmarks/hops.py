@@ -94,33 +94,6 @@ atexit.register(_dump)
 '''
 
 WORKLOAD = '''
-import os, sys, tempfile
-from pathlib import Path
-import uvloop
-from asyncbk import _hops
-from asyncbk.testing import LocalCluster
-
-async def main(n):
-    with tempfile.TemporaryDirectory() as d:
-        async with LocalCluster(data_dir=Path(d) / "c", bookies=3) as c:
-            bk = await c.client()
-            lh = await bk.create_ledger(3, 3, 2)
-            data = b"x" * 1024
-            for _ in range(300):
-                await lh.append(data)
-            _hops.EVENTS.clear()
-            _hops.mark("c_begin")
-            for _ in range(n):
-                await lh.append(data)
-                _hops.mark("c_resumed")
-            _hops.mark("c_end")
-            await lh.close()
-
-uvloop.run(main(int(sys.argv[1])))
-'''
-
-
-PIPELINED_WORKLOAD = '''
 import asyncio, gc, sys, tempfile
 from pathlib import Path
 import uvloop
@@ -151,28 +124,33 @@ async def main(n, window):
                     space.clear()
                     await space.wait()
 
-            await load(20 * window)
-            gc.freeze()
+            if window == 1:
+                for _ in range(300):
+                    await lh.append(data)
+            else:
+                await load(20 * window)
+                gc.freeze()
             _hops.EVENTS.clear()
             _hops.mark("c_begin")
-            await load(n)
+            if window == 1:  # each append awaited: its hops, up to the code resumed
+                for _ in range(n):
+                    await lh.append(data)
+                    _hops.mark("c_resumed")
+            else:
+                await load(n)
             _hops.mark("c_end")
             await lh.close()
 
 uvloop.run(main(int(sys.argv[1]), int(sys.argv[2])))
 '''
 
-# one pipelined window, in order: the client's writes to the bookies start it, the
-# quorum bookie's steps follow, the client's next writes end it
+# One pipelined window, in order: the client's writes to the bookies start it, the
+# quorum bookie's hops (as in HOPS) follow, the client's next writes end it.
+_BOOKIE_HOPS = [hop for hop in HOPS if hop[0].startswith("b_") and hop[1].startswith("b_")
+                and hop[0] != "b_recv"]
 WINDOW_STEPS = [
     ("c_write", "b_enq", "client writes, the quorum bookie has read, decoded and queued it"),
-    ("b_enq", "b_flush", "bookie: the journal's kick"),
-    ("b_flush", "b_thread", "hand-off to the journal thread"),
-    ("b_thread", "b_written", "journal write(2)"),
-    ("b_written", "b_synced", "journal fdatasync(2)"),
-    ("b_synced", "b_applied", "entry log append"),
-    ("b_applied", "b_back", "hand-back to the event loop"),
-    ("b_back", "b_send", "bookie: index, answers encoded and written"),
+    *_BOOKIE_HOPS,
     ("b_send", "c_recv", "the answer reaching the client"),
     ("c_recv", "c_next", "client: appends completed, the next window issued, up to its writes"),
 ]
@@ -186,8 +164,7 @@ def analyse_windows(client: list[tuple[str, int]], bookies: list[list[tuple[str,
     end = next(t for n, t in client if n == "c_end")
     writes = [t for n, t in client if n == "c_write" and begin <= t <= end]
     recvs = [t for n, t in client if n == "c_recv" and begin <= t <= end]
-    names = ["b_enq", "b_flush", "b_thread", "b_written", "b_synced", "b_applied", "b_back",
-             "b_send"]
+    names = [_BOOKIE_HOPS[0][0]] + [b for _, b, _ in _BOOKIE_HOPS]
     steps: dict[str, list[int]] = collections.defaultdict(list)
     totals: list[int] = []
     for k in range(0, len(writes) - 3, 3):  # (one write per bookie)
@@ -357,7 +334,7 @@ def main() -> None:
         out.mkdir()
         script = work / "workload.py"
         pipelined = args.inflight > 1
-        script.write_text(textwrap.dedent(PIPELINED_WORKLOAD if pipelined else WORKLOAD))
+        script.write_text(textwrap.dedent(WORKLOAD))
         env = {**os.environ, "PYTHONPATH": str(src), "ASYNCBK_HOPS_DIR": str(out)}
         subprocess.run([sys.executable, str(script), str(args.entries), str(args.inflight)],
                        env=env, check=True, timeout=600)
