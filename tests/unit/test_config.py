@@ -25,6 +25,8 @@ def test_file_values_and_types(tmp_path: Path) -> None:
         ({"lease_ttl_s": 1}, "lease_ttl_s"),
         ({"journal_queue_entries_max": 0}, "must be > 0"),
         ({"port": 70000}, "port"),
+        ({"malloc_tuning": "yes"}, "'malloc_tuning' must be bool"),
+        ({"journal_preallocate_bytes": -1}, "journal_preallocate_bytes must be >= 0"),
     ],
 )
 def test_bad_values_named(values: dict[str, object], match: str) -> None:
