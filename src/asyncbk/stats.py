@@ -35,6 +35,18 @@ class LatencyHistogram:
         self.sum += seconds * times
         self.count += times
 
+    def observe_since(self, now: float, starts: Sequence[float]) -> None:
+        """Record ``now - start`` for each of ``starts`` (one call for a batch of
+        completions: :meth:`observe` for each, without a call each)."""
+        counts, bounds = self.counts, self.bounds
+        total = 0.0
+        for start in starts:
+            seconds = now - start
+            counts[bisect_left(bounds, seconds)] += 1
+            total += seconds
+        self.sum += total
+        self.count += len(starts)
+
     @classmethod
     def merged(cls, histograms: Sequence[LatencyHistogram]) -> LatencyHistogram:
         """One histogram of every observation of ``histograms`` (same bounds)."""

@@ -227,6 +227,12 @@ async def test_in_flight_bound_gives_typed_error_and_capacity_wait(cluster: Loca
         await lh.wait_for_capacity()
     futures.append(lh.append(b"fits now"))
     assert await asyncio.gather(*futures) == list(range(11))
+    # Full again after the capacity came back: refused again, and appends take up again.
+    futures = [lh.append(b"y") for _ in range(10)]
+    with pytest.raises(TooManyRequestsError):
+        lh.append(b"one too many, again")
+    assert await asyncio.gather(*futures) == list(range(11, 21))
+    assert await lh.append(b"after") == 21
     await lh.close()
 
 

@@ -29,8 +29,9 @@ def test_against_a_deque_of_records(steps: list[tuple[bool, int]], traced: bool,
                 trace = b"t%d" % next_id if traced else b""
                 model.append((next_id, fut, b"e%d" % next_id, 10 * next_id, next_id / 10,
                               span, trace))
-                ring.push(fut, b"e%d" % next_id, 10 * next_id, next_id / 10,  # type: ignore[arg-type]
-                          span, trace)
+                count = ring.push(fut, b"e%d" % next_id, 10 * next_id,  # type: ignore[arg-type]
+                                  next_id / 10, span, trace)
+                assert count == len(model) == len(ring)
                 next_id += 1
         elif model:
             count = min(n, len(model))

@@ -128,6 +128,10 @@ class LedgerHandle(ReadHandle):
         self._capacity = asyncio.Event()
         self._capacity.set()
         self._pending_max = ctx.config.pending_adds_max
+        self._capacity_full = False
+        """``pending_adds_max`` appends are pending (``_capacity`` is clear)."""
+        self._entry_bytes_max = ctx.config.frame_bytes_max - FRAME_OVERHEAD_BYTES_MAX
+        self._quorum_timeout_s = ctx.config.add_quorum_timeout_s
         self._degraded_retry: asyncio.TimerHandle | None = None
         self._stalled_since_s: float | None = None
         """Since when appends wait for want of bookies (None: they don't)."""
@@ -159,19 +163,22 @@ class LedgerHandle(ReadHandle):
         ``ack_quorum`` bookies have made it durable."""
         if self._recovery:
             raise LedgerClosedError(f"ledger {self.id} is being recovered")
-        if not isinstance(data, (bytes, bytearray, memoryview)):
+        if type(data) is bytes:
+            payload = data
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            payload = bytes(data)
+        else:
             raise TypeError(f"append takes bytes, not {type(data).__name__}")
-        payload = bytes(data)
-        limit = self._ctx.config.frame_bytes_max - FRAME_OVERHEAD_BYTES_MAX
-        if len(payload) > limit:
+        if len(payload) > self._entry_bytes_max:
             # Checked here: an oversized frame would make each bookie drop the whole
             # connection, failing other ledgers' requests too.
             raise EntryTooLargeError(
-                f"entry of {len(payload)} bytes exceeds the {limit}-byte maximum "
-                "(frame_bytes_max less overhead); split it into smaller entries")
+                f"entry of {len(payload)} bytes exceeds the {self._entry_bytes_max}-byte "
+                "maximum (frame_bytes_max less overhead); split it into smaller entries")
         entry_id = self._writes.next_entry_id
         total_length = self._submitted_length + len(payload)
-        self._check_appendable()
+        if self._closing is not None or self._error is not None or self._capacity_full:
+            self._check_appendable()
         body = self._digest.seal(entry_id, self._lac, total_length, payload)
         self._submitted_length = total_length
         return self._enqueue(entry_id, total_length, body)
@@ -197,23 +204,23 @@ class LedgerHandle(ReadHandle):
 
     def _enqueue(self, entry_id: int, total_length: int, body: bytes) -> asyncio.Future[int]:
         fut: asyncio.Future[int] = self._loop.create_future()
-        pending = self._pending
         trace = b""
         if self._tracing is not None:
             span = self._tracing.start("asyncbk.append", {
                 "asyncbk.ledger_id": self.id, "asyncbk.entry_id": entry_id,
                 "asyncbk.bytes": len(body), "asyncbk.recovery": self._recovery})
             trace = Tracing.wire(span)
-            pending.push(fut, body, total_length, self._now_s(), span, trace)
+            count = self._pending.push(fut, body, total_length, self._now_s(), span, trace)
         else:
-            pending.push(fut, body, total_length, self._now_s())
-        if len(pending) >= self._pending_max:
+            count = self._pending.push(fut, body, total_length, self._now_s())
+        if count >= self._pending_max:
+            self._capacity_full = True
             self._capacity.clear()
         writes = self._writes
         positions, lac = writes.submit_to(entry_id)
         if positions:
             self._outbox.queue_entry(entry_id, positions, lac, writes.ensemble, body, trace)
-        if self._quorum_timer is None and self._ctx.config.add_quorum_timeout_s:
+        if self._quorum_timer is None and self._quorum_timeout_s:
             self._arm_quorum_timer()
         return fut
 
@@ -243,10 +250,7 @@ class LedgerHandle(ReadHandle):
             invariant(False, f"ledger {self.id}: completing entry {first}, "
                       f"the oldest pending is {pending.first}")
         done = pending.complete(len(entry_ids))
-        now_s = self._now_s()
-        observe = self._ctx.stats.add_latency.observe
-        for submitted_s in done.submitted_s:
-            observe(now_s - submitted_s)
+        self._ctx.stats.add_latency.observe_since(self._now_s(), done.submitted_s)
         if done.spans is not None:
             for span in done.spans:
                 if span is not None:
@@ -257,6 +261,7 @@ class LedgerHandle(ReadHandle):
             if not future.done():  # (the application may have cancelled it)
                 future.set_result(entry_id)
         if len(pending) < self._pending_max:
+            self._capacity_full = False
             self._capacity.set()
         self._stalled_since_s = None
         self._stalled_bookies.clear()
@@ -280,6 +285,7 @@ class LedgerHandle(ReadHandle):
                     future.set_exception(error)
                     # The application may never await a failed append; don't warn.
                     future.exception()
+        self._capacity_full = False
         self._capacity.set()
         self._cancel_timers()
         self._wake_drained()

@@ -109,6 +109,8 @@ class Outbox:
         if lac > self._lac:
             self._lac = lac
         waiting = self._waiting
+        if len(waiting) == self._size:  # (every bookie of the ensemble waits already)
+            return
         new = None
         for p in positions:
             bookie = ensemble[p]

@@ -53,15 +53,18 @@ class PendingAppends:
         return len(self.futures) - self._head
 
     def push(self, future: asyncio.Future[int], body: bytes, length: int,
-             submitted_s: float, span: Any = None, trace: bytes = b"") -> None:
-        """The next entry (id ``first + len(self)``)."""
-        self.futures.append(future)
+             submitted_s: float, span: Any = None, trace: bytes = b"") -> int:
+        """The next entry (id ``first + len(self)``); returns how many are pending now
+        (the hot path's ``len``, without a second call)."""
+        futures = self.futures
+        futures.append(future)
         self.bodies.append(body)
         self.lengths.append(length)
         self.submitted_s.append(submitted_s)
         if self.spans is not None and self.traces is not None:
             self.spans.append(span)
             self.traces.append(trace)
+        return len(futures) - self._head
 
     def body(self, entry_id: int) -> bytes:
         return self.bodies[self._head + entry_id - self.first]
