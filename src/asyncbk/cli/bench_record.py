@@ -58,7 +58,7 @@ rarely reach this many distinct values, so a run folds once, when it is read).""
 
 
 class BufferedHistogram:
-    """An HDR histogram (microseconds) that takes one value for ~0.1 µs: each distinct
+    """An HDR histogram (microseconds) that takes one value for ~0.2 µs: each distinct
     value is counted in a dict and recorded once with its count when the histogram is
     read (hdrh's ``record_value`` is Python, ~0.9 µs a call).  The histogram is the
     same as recording each value at once.  Nothing is folded during a run (unless
