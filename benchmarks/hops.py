@@ -165,21 +165,13 @@ def analyse_windows(client: list[tuple[str, int]], bookies: list[list[tuple[str,
     writes = [t for n, t in client if n == "c_write" and begin <= t <= end]
     recvs = [t for n, t in client if n == "c_recv" and begin <= t <= end]
     names = [_BOOKIE_HOPS[0][0]] + [b for _, b, _ in _BOOKIE_HOPS]
+    bt = [[t for _, t in ev] for ev in bookies]
     steps: dict[str, list[int]] = collections.defaultdict(list)
     totals: list[int] = []
     for k in range(0, len(writes) - 3, 3):  # (one write per bookie)
         start, stop = writes[k], writes[k + 3]
-        rows = []
-        for ev in bookies:
-            times = [t for _, t in ev]
-            row, prev = {}, start
-            for name in names:
-                t = first(ev, times, name, prev, stop)
-                if t is None:
-                    break
-                row[name] = prev = t
-            else:
-                rows.append(row)
+        rows = [row for ev, times in zip(bookies, bt, strict=True)
+                if (row := chain(ev, times, names, {}, start, stop)) is not None]
         if len(rows) < 2:
             continue
         at = {"c_write": start, "c_next": stop} | sorted(rows, key=lambda r: r["b_send"])[1]
@@ -195,10 +187,8 @@ def analyse_windows(client: list[tuple[str, int]], bookies: list[list[tuple[str,
     print(f"{len(totals)} windows lined up")
     print(f"{'step of a window':70s} {'p50 us':>8s} {'mean us':>8s}")
     for _, _, what in WINDOW_STEPS:
-        v = sorted(steps[what])
-        print(f"{what:70s} {v[len(v) // 2] / 1e3:8.1f} {sum(v) / len(v) / 1e3:8.1f}")
-    v = sorted(totals)
-    print(f"{'the window':70s} {v[len(v) // 2] / 1e3:8.1f} {sum(v) / len(v) / 1e3:8.1f}")
+        print(p50_mean_row(what, steps[what], 70))
+    print(p50_mean_row("the window", totals, 70))
 
 
 def instrumented_copy(dest: Path) -> Path:
@@ -257,6 +247,25 @@ def first(events: list[tuple[str, int]], times: list[int], name: str, after: int
     return None
 
 
+def chain(events: list[tuple[str, int]], times: list[int], names: list[str],
+          marks: dict[str, int], after: int, before: int | None = None
+          ) -> dict[str, int] | None:
+    """``marks`` with each of ``names`` added in order, each the first after the one
+    before it (and before ``before``); None if one is missing."""
+    prev = after
+    for name in names:
+        t = first(events, times, name, prev, before)
+        if t is None:
+            return None
+        marks[name] = prev = t
+    return marks
+
+
+def p50_mean_row(label: str, values_ns: list[int], width: int) -> str:
+    v = sorted(values_ns)
+    return f"{label:{width}s} {v[len(v) // 2] / 1e3:8.1f} {sum(v) / len(v) / 1e3:8.1f}"
+
+
 def analyse(client: list[tuple[str, int]], bookies: list[list[tuple[str, int]]]) -> None:
     begin = next(t for n, t in client if n == "c_begin")
     end = next(t for n, t in client if n == "c_end")
@@ -282,13 +291,8 @@ def analyse(client: list[tuple[str, int]], bookies: list[list[tuple[str, int]]])
             i = bisect.bisect_left(recvs, at["c_write"])
             if i == len(recvs):
                 break
-            seq, prev = {"b_recv": recvs[i]}, recvs[i]
-            for name in bookie_names[1:]:
-                t = first(ev, times, name, prev)
-                if t is None:
-                    break
-                seq[name] = prev = t
-            else:
+            seq = chain(ev, times, bookie_names[1:], {"b_recv": recvs[i]}, recvs[i])
+            if seq is not None:
                 answers.append(seq)
         if len(answers) < 2:
             skipped += 1
@@ -307,11 +311,8 @@ def analyse(client: list[tuple[str, int]], bookies: list[list[tuple[str, int]]])
     print(f"{len(totals)} appends lined up ({skipped} left out: a mark missing or out of order)")
     print(f"{'hop':60s} {'p50 us':>8s} {'mean us':>8s}")
     for _, _, what in HOPS:
-        v = sorted(per_hop[what])
-        print(f"{what:60s} {v[len(v) // 2] / 1e3:8.1f} {sum(v) / len(v) / 1e3:8.1f}")
-    v = sorted(totals)
-    print(f"{'append to the awaiting code resumed':60s} {v[len(v) // 2] / 1e3:8.1f} "
-          f"{sum(v) / len(v) / 1e3:8.1f}")
+        print(p50_mean_row(what, per_hop[what], 60))
+    print(p50_mean_row("append to the awaiting code resumed", totals, 60))
 
 
 def main() -> None:
