@@ -128,8 +128,6 @@ class LedgerHandle(ReadHandle):
         self._capacity = asyncio.Event()
         self._capacity.set()
         self._pending_max = ctx.config.pending_adds_max
-        self._capacity_full = False
-        """``pending_adds_max`` appends are pending (``_capacity`` is clear)."""
         self._entry_bytes_max = ctx.config.frame_bytes_max - FRAME_OVERHEAD_BYTES_MAX
         self._quorum_timeout_s = ctx.config.add_quorum_timeout_s
         self._degraded_retry: asyncio.TimerHandle | None = None
@@ -177,8 +175,8 @@ class LedgerHandle(ReadHandle):
                 "maximum (frame_bytes_max less overhead); split it into smaller entries")
         entry_id = self._writes.next_entry_id
         total_length = self._submitted_length + len(payload)
-        if self._closing is not None or self._error is not None or self._capacity_full:
-            self._check_appendable()
+        if self._closing is not None or self._error is not None or not self._capacity.is_set():
+            self._check_appendable()  # (the capacity event is clear: the window is full)
         body = self._digest.seal(entry_id, self._lac, total_length, payload)
         self._submitted_length = total_length
         return self._enqueue(entry_id, total_length, body)
@@ -214,7 +212,6 @@ class LedgerHandle(ReadHandle):
         else:
             count = self._pending.push(fut, body, total_length, self._now_s())
         if count >= self._pending_max:
-            self._capacity_full = True
             self._capacity.clear()
         writes = self._writes
         positions, lac = writes.submit_to(entry_id)
@@ -261,7 +258,6 @@ class LedgerHandle(ReadHandle):
             if not future.done():  # (the application may have cancelled it)
                 future.set_result(entry_id)
         if len(pending) < self._pending_max:
-            self._capacity_full = False
             self._capacity.set()
         self._stalled_since_s = None
         self._stalled_bookies.clear()
@@ -285,7 +281,6 @@ class LedgerHandle(ReadHandle):
                     future.set_exception(error)
                     # The application may never await a failed append; don't warn.
                     future.exception()
-        self._capacity_full = False
         self._capacity.set()
         self._cancel_timers()
         self._wake_drained()
