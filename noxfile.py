@@ -106,6 +106,16 @@ def bench_floor(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_freeing(session: nox.Session) -> None:
+    """A journal's fdatasync while a 1 GiB file is deleted at once, and in the steps
+    compaction and the checkpoint use (``asyncbk.bookie.freeing``).  ``nox -s
+    bench_freeing -- --rounds 3 --dir DIR`` (DIR on the disk under test)."""
+    session.install("-e", ".[bench]")
+    session.run("python", "benchmarks/freeing.py", "--json", "bench-results/freeing.json",
+                *session.posargs)
+
+
+@nox.session
 def bench_placement(session: nox.Session) -> None:
     """Write throughput and latency of the placement policies (random, rack-aware,
     region-aware) in the same run, on six bookies in 2 regions x 3 racks, each on a host

@@ -876,6 +876,60 @@ async def test_compaction_reclaims_space_while_adds_and_reads_go_on(tmp_path: Pa
         await s.close()
 
 
+async def test_a_dead_entry_log_is_deleted_unread_even_cut_short_by_a_crash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log with no live entry is deleted without being read, in steps (..freeing); a
+    crash during those steps leaves it shorter, torn mid-record, and the next
+    compaction deletes it just the same."""
+    from asyncbk.bookie.storage import compaction
+    from asyncbk.bookie.storage.entrylog import entry_log_name
+
+    s = await open_storage(tmp_path, entry_log_bytes_max=20_000)
+    try:
+        await add_all(s, 1, range(300))  # several logs of ledger 1 alone
+        await add_all(s, 2, range(100))
+        await s.delete_ledger(1)
+        await s.checkpoint()
+        usage = await s.entry_log_usage()
+        dead = min(log_id for log_id, (live, _) in usage.items() if live == 0)
+        log = tmp_path / "ledgers" / ENTRYLOG_DIR / entry_log_name(dead)
+        assert log.exists()
+        with log.open("r+b") as f:  # what a crash during the deletion's steps leaves
+            f.truncate(usage[dead][1] // 2 + 7)
+        await s.abort()
+        s = await open_storage(tmp_path, entry_log_bytes_max=20_000)
+        reads: list[Path] = []
+        real_pread_path = compaction.pread_path
+
+        def recording_pread_path(io: Any, path: Path, length: int, offset: int) -> bytes:
+            reads.append(path)
+            return real_pread_path(io, path, length, offset)
+
+        monkeypatch.setattr(compaction, "pread_path", recording_pread_path)
+        assert (await s.entry_log_usage())[dead] == (0, usage[dead][1] // 2 + 7)
+        assert await s.compact_entry_log(dead) == usage[dead][1] // 2 + 7
+        assert not log.exists() and reads == []
+        assert await s.read_entries(2, 0, 1000, 1 << 30) == [body(2, e) for e in range(100)]
+    finally:
+        await s.close()
+
+
+def test_a_forgotten_entry_log_is_never_opened_again(tmp_path: Path) -> None:
+    """A read that looked its entry up before compaction moved it, and reaches the old
+    log after the log was retired, fails (the client reads another copy) rather than
+    keep the deleted file open."""
+    from asyncbk.bookie.storage.entrylog import EntryLogReader, entry_log_name
+
+    (tmp_path / entry_log_name(5)).write_bytes(encode_add(1, 0, b"x" * 100))
+    reader = EntryLogReader(tmp_path)
+    try:
+        reader.forget(5)
+        with pytest.raises(BookieIOError, match="compacted away"):
+            reader.read((5, 0, len(encode_add(1, 0, b"x" * 100))), 1, 0)
+    finally:
+        reader.close()
+
+
 def test_ledger_index_absorbs_thousands_of_sparse_entries_without_recursion() -> None:
     """Entries copied to a new bookie from far into a ledger, out of order (as
     re-replication does): thousands go sparse, then the dense range reaches them."""

@@ -78,7 +78,8 @@ from ..errors import BookieIOError, TooManyRequestsError
 from ..log import get_logger
 from ..stats import LatencyHistogram
 from .fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload
-from .journal_files import list_journal_files, shrink_then_unlink
+from .freeing import shrink_then_unlink
+from .journal_files import list_journal_files
 from .journal_sync import JournalSync, Then, Waiter
 from .journal_writer import JournalFileWriter
 

@@ -222,6 +222,8 @@ class EntryLogReader:
         self.directory = directory
         self._fds: dict[int, int] = {}
         self._retired: list[int] = []
+        self._gone: set[int] = set()
+        """Logs forgotten (compacted away): never opened again."""
         self._lock = threading.Lock()
         self._closed = False
 
@@ -231,6 +233,9 @@ class EntryLogReader:
                 raise BookieIOError("storage is closed")
             fd = self._fds.get(log_id)
             if fd is None:
+                if log_id in self._gone:
+                    raise BookieIOError(f"entry log {log_id} was compacted away (a read "
+                                        "that looked its entry up before the move)")
                 fd = self.io.open_read(self.directory / entry_log_name(log_id))
                 self._fds[log_id] = fd
             return fd
@@ -257,8 +262,10 @@ class EntryLogReader:
     def forget(self, log_id: int) -> None:
         """Retire the descriptor of a log about to be deleted (compaction).  It stays
         open until the next retirement, so a read already holding it still works (an
-        unlinked file stays readable through an open descriptor)."""
+        unlinked file stays readable through an open descriptor); the log is never
+        opened again (a read reaching it now fails rather than keep its file open)."""
         with self._lock:
+            self._gone.add(log_id)
             fd = self._fds.pop(log_id, None)
             old, self._retired = self._retired, [fd] if fd is not None else []
         for each in old:
@@ -332,12 +339,6 @@ def pread_path(io: FileIO, path: Path, length: int, offset: int) -> bytes:
     if need is not None and need > len(data):
         return pread_path(io, path, need, offset)
     return data
-
-
-def unlink_quietly(io: FileIO, path: Path) -> None:
-    """Remove ``path`` if it is there, durably (its directory fsynced)."""
-    io.unlink(path, missing_ok=True)
-    io.fsync_dir(path.parent)
 
 
 def sync_and_close(io: FileIO, fds: list[int]) -> None:
