@@ -14,12 +14,15 @@ Where the server makes a batch durable (``--modes``):
 * ``loop``: ``fdatasync`` on the event loop (blocking it: the least wake-ups possible);
 * ``thread``: ``fdatasync`` on a writer thread, the answer handed back to the loop
   (asyncbk's shape: the loop never blocks on the disk);
+* ``uring``: the write and its ``fdatasync`` submitted from the loop through io_uring
+  (linked), their completion read from the ring's eventfd by the loop (the loop never
+  blocks, and no thread of the program's own takes the GIL);
 * ``none``: no sync (the network, the processes and Python only).
 
 Two loads, as ``asyncbk bench write``: sequential (one append in flight) and pipelined
 (``--inflight`` in flight; each server syncs what one read brought, as a group commit).
 
-    python benchmarks/floor.py [--modes loop,thread,none] [--rounds 2]
+    python benchmarks/floor.py [--modes loop,thread,uring,none] [--rounds 2]
         [--sequential-entries 3000] [--entries 100000] [--inflight 256] [--json FILE]
 """
 
@@ -79,6 +82,10 @@ class Server(asyncio.Protocol):
             assert self.writer is not None
             self.writer.put((chunk, offset, answer, self.transport))
             return
+        if self.mode == "uring":
+            assert self.writer is not None and self.transport is not None
+            self.writer.submit(chunk, offset, answer, self.transport)
+            return
         os.pwrite(self.fd, chunk, offset)
         if self.mode == "loop":
             os.fdatasync(self.fd)
@@ -89,6 +96,62 @@ class Server(asyncio.Protocol):
 def answer_to(transport: asyncio.Transport, answer: bytes) -> None:
     if not transport.is_closing():  # (the client may be gone: the run is over)
         transport.write(answer)
+
+
+class UringWriter:
+    """``uring``: each read's frames written and fdatasynced through io_uring (a write
+    linked to an fdatasync), submitted from the loop; the ring's eventfd, read by the
+    loop, says when they completed.  No thread of the program's own, no GIL hand-off."""
+
+    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        import liburing  # (the bench extra; only this mode needs it)
+
+        self.L = liburing
+        self.fd = fd
+        self.ring = liburing.Ring()
+        liburing.io_uring_queue_init(4096, self.ring, 0)
+        self.cqe = liburing.Cqe()
+        self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        liburing.io_uring_register_eventfd(self.ring, self.efd)
+        self.jobs: dict[int, tuple[bytes, bytes, asyncio.Transport]] = {}
+        self.next_id = 1
+        loop.add_reader(self.efd, self.completed)
+
+    def submit(self, chunk: bytes, offset: int, answer: bytes,
+               transport: asyncio.Transport) -> None:
+        L, ring = self.L, self.ring
+        job = self.next_id
+        self.next_id += 1
+        self.jobs[job] = (chunk, answer, transport)
+        sqe = L.io_uring_get_sqe(ring)
+        L.io_uring_prep_write(sqe, self.fd, chunk, len(chunk), offset)
+        L.io_uring_sqe_set_flags(sqe, L.IOSQE_IO_LINK)
+        L.io_uring_sqe_set_data64(sqe, 0)
+        sqe = L.io_uring_get_sqe(ring)
+        L.io_uring_prep_fsync(sqe, self.fd, L.IORING_FSYNC_DATASYNC)
+        L.io_uring_sqe_set_data64(sqe, job)
+        L.io_uring_submit(ring)
+
+    def completed(self) -> None:
+        try:
+            os.read(self.efd, 8)
+        except BlockingIOError:
+            pass
+        L, ring, cqe = self.L, self.ring, self.cqe
+        while True:
+            ready = L.io_uring_cq_ready(ring)
+            if not ready:
+                return
+            L.io_uring_peek_cqe(ring, cqe)
+            for k in range(ready):
+                c = cqe[k]
+                if c.res < 0:
+                    raise OSError(-c.res, "io_uring write or fdatasync failed")
+                job = c.user_data
+                if job:
+                    _chunk, answer, transport = self.jobs.pop(job)
+                    answer_to(transport, answer)
+            L.io_uring_cq_advance(ring, ready)
 
 
 def serve(port_file: Path, path: Path, mode: str) -> None:
@@ -109,6 +172,9 @@ def serve(port_file: Path, path: Path, mode: str) -> None:
                 loop.call_soon_threadsafe(answer_to, transport, answer)
 
         threading.Thread(target=write_then_answer, daemon=True).start()
+
+    elif mode == "uring":
+        writer = UringWriter(fd, loop)  # type: ignore[assignment]
 
     server = loop.run_until_complete(
         loop.create_server(lambda: Server(fd, mode, writer), "127.0.0.1", 0))
@@ -221,7 +287,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", default="loop,thread,none",
-                   help="where a server syncs: loop, thread, none (comma-separated)")
+                   help="where a server syncs: loop, thread, uring, none (comma-separated)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every mode")
     p.add_argument("--sequential-entries", type=int, default=3000)
     p.add_argument("--entries", type=int, default=100_000, help="pipelined appends")
@@ -237,8 +303,13 @@ def main() -> None:
         serve(Path(args.serve[0]), Path(args.serve[1]), args.serve[2])
         return
     modes = [m for m in args.modes.split(",") if m]
-    if not set(modes) <= {"loop", "thread", "none"}:
-        p.error(f"--modes takes loop, thread and none, not {args.modes!r}")
+    if not set(modes) <= {"loop", "thread", "uring", "none"}:
+        p.error(f"--modes takes loop, thread, uring and none, not {args.modes!r}")
+    if "uring" in modes:
+        try:
+            import liburing  # noqa: F401
+        except ImportError:
+            p.error("--modes uring needs liburing (pip install -e '.[bench]'; Linux only)")
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="asyncbk-floor-", dir=args.dir) as tmp:
         for r in range(args.rounds):

@@ -30,4 +30,19 @@ def test_floor_measures_every_mode(tmp_path: Path) -> None:
 def test_floor_refuses_an_unknown_mode() -> None:
     done = subprocess.run([sys.executable, str(FLOOR), "--modes", "loop,disk"],
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "--modes takes loop, thread and none" in done.stderr
+    assert done.returncode == 2 and "--modes takes loop, thread, uring and none" in done.stderr
+
+
+def test_floor_measures_the_io_uring_mode(tmp_path: Path) -> None:
+    """The servers' writes and syncs submitted through io_uring from the loop (liburing,
+    in the test extra), completions read from the ring's eventfd."""
+    out = tmp_path / "floor.json"
+    done = subprocess.run(
+        [sys.executable, str(FLOOR), "--modes", "uring", "--rounds", "1",
+         "--sequential-entries", "30", "--entries", "600", "--inflight", "64",
+         "--dir", str(tmp_path), "--json", str(out)],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    median = json.loads(out.read_text())["uring"]["median"]
+    assert 0 < median["sequential_p50_us"] <= median["sequential_p99_us"]
+    assert median["pipelined_eps"] > 0
