@@ -3,7 +3,7 @@
 
 Unlinking a large file frees all its blocks in one file-system commit.  A journal's
 ``fdatasync`` on the same disk waits for that commit: freeing 256 MB journal files at
-once held it up by tens of ms; unlinking a 1 GiB entry log at once, 41-63 ms (on a
+once held it up by tens of ms; unlinking a 1 GiB entry log at once, 41-84 ms (on a
 file system mounted with ``-o discard``, where every freed block is also discarded
 with the commit).  So a large file is cut from its end in steps, with a pause after
 each, and only then unlinked.  16 MB steps 2 ms apart still held each journal

@@ -334,9 +334,10 @@ def pread_path(io: FileIO, path: Path, length: int, offset: int) -> bytes:
         data = io.pread(fd, length, offset)
     finally:
         io.close(fd)
-    # a record longer than the chunk: read exactly as much as it needs
+    # a record longer than the chunk: read exactly as much as it needs (unless the file
+    # ended first: a torn tail, returned as it is, for the caller to judge)
     need = record_size_at(data, 0)
-    if need is not None and need > len(data):
+    if need is not None and need > len(data) == length:
         return pread_path(io, path, need, offset)
     return data
 
