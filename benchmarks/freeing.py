@@ -25,14 +25,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from asyncbk.bookie.fileio import OS_FILE_IO
 from asyncbk.bookie.freeing import shrink_then_unlink
 

@@ -31,38 +31,33 @@ DELETE_PAUSE_S = 0.01
 """The pause after each step."""
 
 
-def open_for_cutting(io: FileIO, path: Path, step: int) -> int:
-    """A descriptor to cut ``path`` through, or -1 when it is missing or at most
-    ``step`` bytes long (unlinked at once)."""
+def cut_step(io: FileIO, path: Path, step: int) -> bool:
+    """Cut ``step`` bytes off the end of ``path`` (opened for this step only, so a
+    deletion stopped between steps leaves no descriptor behind); False, with nothing
+    cut, when it is missing or at most ``step`` bytes long: the rest goes with the
+    unlink."""
     try:
-        return io.open_append(path) if io.file_size(path) > step else -1
+        fd = io.open_append(path)
     except FileNotFoundError:
-        return -1
-
-
-def cut_step(io: FileIO, fd: int, step: int) -> bool:
-    """Cut ``step`` bytes off the end of ``fd``'s file; False (nothing cut) once at
-    most ``step`` bytes are left: the rest goes with the unlink."""
-    size = io.size(fd)
-    if size <= step:
         return False
-    io.truncate(fd, size - step)
-    return True
+    try:
+        size = io.size(fd)
+        if size <= step:
+            return False
+        io.truncate(fd, size - step)
+        return True
+    finally:
+        io.close(fd)
 
 
 def shrink_then_unlink(io: FileIO, path: Path, step: int = DELETE_STEP_BYTES,
                        pause_s: float = DELETE_PAUSE_S) -> None:
     """Remove ``path`` in steps (module docstring), pausing the calling thread: a
     worker thread, never the event loop."""
-    fd = open_for_cutting(io, path, step)
-    if fd >= 0:
-        try:
-            while cut_step(io, fd, step):
-                # A worker thread letting the real disk breathe: not behaviour in
-                # time, so not the injected clock.
-                time.sleep(pause_s)
-        finally:
-            io.close(fd)
+    while cut_step(io, path, step):
+        # A worker thread letting the real disk breathe: not behaviour in time, so
+        # not the injected clock.
+        time.sleep(pause_s)
     io.unlink(path, missing_ok=True)
 
 
@@ -72,24 +67,12 @@ async def shrink_then_unlink_paced(worker: Worker, io: FileIO, path: Path,
                                    pause_s: float = DELETE_PAUSE_S) -> None:
     """:func:`shrink_then_unlink` from a coroutine: each step a call on ``worker``
     (whose threads are never held for the pauses), each pause ``sleep(pause_s)``; the
-    directory is fsynced after the unlink.  Each step opens and closes the file itself
-    (:func:`cut_path_step`), so a cancelled deletion leaves no descriptor behind, nor
-    one closed under a step still running; it leaves the file shorter, in place."""
-    while await worker.run(cut_path_step, io, path, step):
+    directory is fsynced after the unlink.  A cancelled deletion leaves the file
+    shorter, in place, with no descriptor open, nor one closed under a step still
+    running."""
+    while await worker.run(cut_step, io, path, step):
         await sleep(pause_s)
     await worker.run(unlink_durably, io, path)
-
-
-def cut_path_step(io: FileIO, path: Path, step: int) -> bool:
-    """:func:`cut_step` on ``path``, opened for this step only; False when it is
-    missing or at most ``step`` bytes long."""
-    fd = open_for_cutting(io, path, step)
-    if fd < 0:
-        return False
-    try:
-        return cut_step(io, fd, step)
-    finally:
-        io.close(fd)
 
 
 def unlink_durably(io: FileIO, path: Path) -> None:
