@@ -6,6 +6,7 @@ pauses are the injected clock's."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +54,13 @@ def sized_file(path: Path, size: int) -> Path:
     return path
 
 
-def test_a_large_file_is_cut_in_steps_then_unlinked(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_large_file_is_cut_in_steps_then_unlinked(tmp_path: Path) -> None:
+    # The pause is passed in: patching time.sleep would also count the sleeps of
+    # threads other tests left running.
     slept: list[float] = []
-    monkeypatch.setattr(freeing.time, "sleep", slept.append)
     path = sized_file(tmp_path / journal_file_name(1), 10 * MIB + 123)
     io = RecordingIO()
-    shrink_then_unlink(io, path, step=4 * MIB, pause_s=0.01)
+    shrink_then_unlink(io, path, step=4 * MIB, pause_s=0.01, pause=slept.append)
     assert not path.exists()
     assert io.truncated == [6 * MIB + 123, 2 * MIB + 123]  # (the rest goes with the unlink)
     assert slept == [0.01, 0.01]
@@ -71,7 +72,7 @@ def test_the_default_steps_are_small_and_spaced() -> None:
     assert freeing.DELETE_STEP_BYTES <= 4 * MIB
     assert freeing.DELETE_PAUSE_S >= 0.01
     defaults: Any = shrink_then_unlink.__defaults__
-    assert defaults == (freeing.DELETE_STEP_BYTES, freeing.DELETE_PAUSE_S)
+    assert defaults == (freeing.DELETE_STEP_BYTES, freeing.DELETE_PAUSE_S, time.sleep)
 
 
 def test_a_small_or_missing_file_is_unlinked_without_steps(tmp_path: Path) -> None:

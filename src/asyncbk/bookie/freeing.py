@@ -51,13 +51,14 @@ def cut_step(io: FileIO, path: Path, step: int) -> bool:
 
 
 def shrink_then_unlink(io: FileIO, path: Path, step: int = DELETE_STEP_BYTES,
-                       pause_s: float = DELETE_PAUSE_S) -> None:
-    """Remove ``path`` in steps (module docstring), pausing the calling thread: a
-    worker thread, never the event loop."""
+                       pause_s: float = DELETE_PAUSE_S,
+                       pause: Callable[[float], None] = time.sleep) -> None:
+    """Remove ``path`` in steps (module docstring), pausing the calling thread with
+    ``pause(pause_s)`` after each: a worker thread, never the event loop.  (A worker
+    thread letting the real disk breathe is not behaviour in time, so the default is
+    the real ``time.sleep``, not the injected clock.)"""
     while cut_step(io, path, step):
-        # A worker thread letting the real disk breathe: not behaviour in time, so
-        # not the injected clock.
-        time.sleep(pause_s)
+        pause(pause_s)
     io.unlink(path, missing_ok=True)
 
 
