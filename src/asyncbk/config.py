@@ -18,8 +18,6 @@ from .errors import ConfigError, MissingExtraError
 
 FRAME_BYTES_MAX_DEFAULT = 8 * 1024 * 1024
 """Largest wire frame accepted (request or response); an entry is a bit less."""
-JOURNAL_IO_MODES = ("auto", "uring", "thread")
-"""The values of ``BookieConfig.journal_io``."""
 
 
 @dataclass(frozen=True)
@@ -63,10 +61,6 @@ class BookieConfig:
     journal_preallocate_bytes: int = 16 * 1024 * 1024
     """Allocate the journal file this far ahead of its writes (zeros), so a group
     commit's fdatasync has no file size to make durable (0: none)."""
-    journal_io: str = "auto"
-    """How the journal writes and syncs each group commit: ``uring`` (submitted through
-    io_uring from the event loop), ``thread`` (a writer thread), ``auto`` (io_uring
-    where the kernel and the liburing package allow it, else the thread)."""
     journal_sync: bool = True
     """fdatasync the journal before acknowledging (turn off only for tests of the non-durable path)."""
     malloc_tuning: bool = True
@@ -189,9 +183,6 @@ class BookieConfig:
         _check_location("rack", self.rack)
         if self.journal_group_wait_ms_max < 0:
             raise ConfigError("journal_group_wait_ms_max must be >= 0")
-        if self.journal_io not in JOURNAL_IO_MODES:
-            raise ConfigError(f"journal_io must be one of {', '.join(JOURNAL_IO_MODES)}, "
-                              f"not {self.journal_io!r}")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError("TLS needs both tls_cert_file and tls_key_file "
                               "(--tls-cert and --tls-key)")

@@ -23,15 +23,7 @@ def rec(i: int, size: int = 10) -> bytes:
     return encode_add(1, i, b"x" * size)
 
 
-@pytest.fixture(params=["thread", "uring"])
-def journal_io(request: pytest.FixtureRequest) -> str:
-    """Both ways of writing a batch (``journal_io``); the tests that replace
-    ``fileio``'s calls test the writer thread's (``uring`` writes through the ring)."""
-    return str(request.param)
-
-
 async def started(directory: Path, sink: Any = None, **config: Any) -> Journal:
-    config.setdefault("journal_io", "thread")
     j = Journal(directory, BookieConfig(**config), first_seq=1, sink=sink)
     await j.start()
     return j
@@ -73,16 +65,14 @@ class BlockingSync:
         raise AssertionError("fsync never entered")
 
 
-async def test_concurrent_appends_group_commit(tmp_path: Path, journal_io: str) -> None:
-    j = await started(tmp_path, journal_io=journal_io)
+async def test_concurrent_appends_group_commit(tmp_path: Path) -> None:
+    j = await started(tmp_path)
     futs = [j.append(rec(i)) for i in range(3000)]
     await asyncio.gather(*futs)
     stats = j.statistics()
     assert stats["records"] == 3000
     assert stats["batches"] < 3000
     assert stats["queue_entries"] == 0
-    assert stats["io"] == journal_io
-    assert stats["ring_batches"] == (stats["batches"] if journal_io == "uring" else 0)
     assert stats["fsync_histogram"]["+Inf"] == stats["batches"]  # cumulative buckets
     assert j.batch_records.count == stats["batches"]
     assert j.batch_records.sum == 3000
@@ -90,8 +80,8 @@ async def test_concurrent_appends_group_commit(tmp_path: Path, journal_io: str) 
     assert read_journal(tmp_path) == [AddRecord(1, i, b"x" * 10) for i in range(3000)]
 
 
-async def test_flush_reason_entries(tmp_path: Path, journal_io: str) -> None:
-    j = await started(tmp_path, journal_io=journal_io, journal_group_entries_max=10)
+async def test_flush_reason_entries(tmp_path: Path) -> None:
+    j = await started(tmp_path, journal_group_entries_max=10)
     await asyncio.gather(*[j.append(rec(i)) for i in range(95)])
     reasons = j.statistics()["flush_reasons"]
     assert reasons["entries"] == 9
@@ -100,8 +90,8 @@ async def test_flush_reason_entries(tmp_path: Path, journal_io: str) -> None:
     await j.close()
 
 
-async def test_flush_reason_bytes(tmp_path: Path, journal_io: str) -> None:
-    j = await started(tmp_path, journal_io=journal_io, journal_group_bytes_max=3 * len(rec(0)))
+async def test_flush_reason_bytes(tmp_path: Path) -> None:
+    j = await started(tmp_path, journal_group_bytes_max=3 * len(rec(0)))
     await asyncio.gather(*[j.append(rec(i)) for i in range(10)])
     reasons = j.statistics()["flush_reasons"]
     assert reasons["bytes"] == 3
@@ -109,8 +99,8 @@ async def test_flush_reason_bytes(tmp_path: Path, journal_io: str) -> None:
     await j.close()
 
 
-async def test_flush_reason_wait_time(tmp_path: Path, journal_io: str) -> None:
-    j = await started(tmp_path, journal_io=journal_io, journal_flush_when_queue_empty=False,
+async def test_flush_reason_wait_time(tmp_path: Path) -> None:
+    j = await started(tmp_path, journal_flush_when_queue_empty=False,
                       journal_group_wait_ms_max=200.0)
     t0 = time.monotonic()
     futs = [j.append(rec(0))]
@@ -124,8 +114,8 @@ async def test_flush_reason_wait_time(tmp_path: Path, journal_io: str) -> None:
     await j.close()
 
 
-async def test_wait_mode_flushes_early_at_entries_limit(tmp_path: Path, journal_io: str) -> None:
-    j = await started(tmp_path, journal_io=journal_io, journal_flush_when_queue_empty=False,
+async def test_wait_mode_flushes_early_at_entries_limit(tmp_path: Path) -> None:
+    j = await started(tmp_path, journal_flush_when_queue_empty=False,
                       journal_group_wait_ms_max=10_000.0, journal_group_entries_max=4)
     await asyncio.wait_for(asyncio.gather(*[j.append(rec(i)) for i in range(8)]), 5)
     assert j.statistics()["flush_reasons"]["entries"] == 2
@@ -249,9 +239,9 @@ async def test_wait_for_space_cancellation_leaves_no_waiter(
     await j.close()
 
 
-async def test_rotation(tmp_path: Path, journal_io: str) -> None:
+async def test_rotation(tmp_path: Path) -> None:
     size = len(rec(0))
-    j = await started(tmp_path, journal_io=journal_io, journal_file_bytes_max=3 * size)
+    j = await started(tmp_path, journal_file_bytes_max=3 * size)
     for i in range(10):
         await j.append(rec(i))
     await j.close()
@@ -261,8 +251,8 @@ async def test_rotation(tmp_path: Path, journal_io: str) -> None:
     assert read_journal(tmp_path) == [AddRecord(1, i, b"x" * 10) for i in range(10)]
 
 
-async def test_close_drains_then_refuses(tmp_path: Path, journal_io: str) -> None:
-    j = await started(tmp_path, journal_io=journal_io)
+async def test_close_drains_then_refuses(tmp_path: Path) -> None:
+    j = await started(tmp_path)
     futs = [j.append(rec(i)) for i in range(50)]
     await j.close()
     assert all(f.done() and f.exception() is None for f in futs)
@@ -299,7 +289,7 @@ async def test_no_sync_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     await j.close()
 
 
-async def test_sink_runs_on_writer_thread_before_futures_resolve(tmp_path: Path, journal_io: str) -> None:
+async def test_sink_runs_on_writer_thread_before_futures_resolve(tmp_path: Path) -> None:
     events: list[Any] = []
 
     class Sink:
@@ -310,7 +300,7 @@ async def test_sink_runs_on_writer_thread_before_futures_resolve(tmp_path: Path,
         def apply_on_loop(self, items: list[Any], result: Any) -> None:
             events.append(("loop", result, [f.done() for f in futs]))
 
-    j = await started(tmp_path, journal_io=journal_io, sink=Sink())
+    j = await started(tmp_path, sink=Sink())
     futs = [j.append(rec(i), item=i) for i in range(3)]
     await asyncio.gather(*futs)
     assert events[0][0] == "thread" and events[0][1].startswith("asyncbk-journal")
@@ -319,7 +309,7 @@ async def test_sink_runs_on_writer_thread_before_futures_resolve(tmp_path: Path,
     await j.close()
 
 
-async def test_sink_failure_fails_journal(tmp_path: Path, journal_io: str) -> None:
+async def test_sink_failure_fails_journal(tmp_path: Path) -> None:
     class Sink:
         def apply_in_writer(self, records: list[bytes], items: list[Any]) -> Any:
             raise OSError(errno.EIO, "entry log broken")
@@ -327,15 +317,15 @@ async def test_sink_failure_fails_journal(tmp_path: Path, journal_io: str) -> No
         def apply_on_loop(self, items: list[Any], result: Any) -> None:
             raise AssertionError("not reached")
 
-    j = await started(tmp_path, journal_io=journal_io, sink=Sink())
+    j = await started(tmp_path, sink=Sink())
     with pytest.raises(BookieIOError):
         await j.append(rec(0))
     assert j.failed
     await j.close()
 
 
-async def test_cancelled_caller_future_is_still_written(tmp_path: Path, journal_io: str) -> None:
-    j = await started(tmp_path, journal_io=journal_io)
+async def test_cancelled_caller_future_is_still_written(tmp_path: Path) -> None:
+    j = await started(tmp_path)
     fut = j.append(rec(0))
     fut.cancel()
     await j.append(rec(1))

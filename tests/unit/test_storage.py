@@ -460,8 +460,7 @@ async def test_read_entries_detects_corruption(tmp_path: Path) -> None:
 
 
 async def test_queue_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # (journal_io thread: the fdatasync replaced below is the writer thread's)
-    s = await open_storage(tmp_path, journal_queue_entries_max=4, journal_io="thread")
+    s = await open_storage(tmp_path, journal_queue_entries_max=4)
     release = asyncio.Event()
     loop = asyncio.get_running_loop()
     real = fileio_mod.fdatasync
@@ -495,9 +494,7 @@ async def test_queue_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 async def test_journal_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # (journal_io thread: the fdatasync replaced below is the writer thread's; the
-    # ring's failures: tests/unit/test_journal_ring.py)
-    s = await open_storage(tmp_path, journal_io="thread")
+    s = await open_storage(tmp_path)
     await add_all(s, 1, range(5))
 
     def broken(fd: int) -> None:

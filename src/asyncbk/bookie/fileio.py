@@ -252,12 +252,6 @@ class Worker(Protocol):
         not a future to await: the journal's group commits)."""
         ...
 
-    def post(self, fn: Callable[..., object], args: tuple[Any, ...]) -> None:
-        """``fn(*args)`` off the loop, in order with :meth:`run` and :meth:`submit`,
-        handing nothing back (``fn`` tells the loop itself if it must, and raises
-        nothing: it catches what it expects)."""
-        ...
-
     async def shutdown(self) -> None:
         """Wait for the calls under way, then release the threads."""
         ...
@@ -308,13 +302,6 @@ class _ThreadWorker:
             self._start()
         self._queue.put((asyncio.get_running_loop(), None, fn, args, done))
 
-    def post(self, fn: Callable[..., object], args: tuple[Any, ...]) -> None:
-        if self._shut:
-            raise RuntimeError("cannot schedule new calls after shutdown")
-        if not self._threads:
-            self._start()
-        self._queue.put((None, None, fn, args, _POSTED))
-
     def _start(self) -> None:
         for i in range(self._count):
             thread = threading.Thread(target=self._serve, name=f"{self._name}_{i}", daemon=True)
@@ -329,10 +316,6 @@ class _ThreadWorker:
                 return
             loop, fut, fn, args, done = item
             result = None
-            if done is _POSTED:
-                fn(*args)
-                del item, fn, args
-                continue
             try:
                 result = fn(*args)
             except BaseException as exc:  # handed to the caller, as run_in_executor does
@@ -360,13 +343,6 @@ class _ThreadWorker:
         for _ in self._threads:
             self._queue.put(None)
         self._threads = []
-
-
-def _posted(result: object, exc: BaseException | None) -> None:
-    """Marks a call made with :meth:`_ThreadWorker.post`: nothing is handed back."""
-
-
-_POSTED = _posted
 
 
 def _join_all(threads: list[threading.Thread]) -> None:

@@ -232,8 +232,7 @@ class AdminHttpServer:
             out.update(ledgers=st["ledgers"], entries=st["entries"],
                        disk={"free_bytes": free, "total_bytes": total,
                              "used_fraction": round(1 - free / total, 6) if total else None},
-                       journal_dir=journal_dir, ledger_dir=ledger_dir,
-                       journal_io=_one_or_all(st["journal"]["io"]))
+                       journal_dir=journal_dir, ledger_dir=ledger_dir)
             if "directories" in st:  # several ledger directories: each one's state
                 out["directories"] = st["directories"]
         return web.json_response(out)
@@ -274,12 +273,6 @@ class AdminHttpServer:
         if done is None:
             return _error(409, "garbage collection is not running yet")
         return web.json_response(done)
-
-
-def _one_or_all(value: str | list[str]) -> str:
-    """A journal setting, or those of several directories' journals (comma-separated
-    where they differ)."""
-    return value if isinstance(value, str) else ",".join(dict.fromkeys(value))
 
 
 def _error(status: int, message: str) -> web.Response:

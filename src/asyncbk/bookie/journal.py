@@ -27,15 +27,8 @@ Threads and ownership
   position and descriptor are touched only on that thread; anything else
   that must be ordered with batches (checkpoints) goes through
   :meth:`Journal.run_in_writer`, which queues behind them (FIFO).
-* Through io_uring (``journal_io``, :mod:`.uring`: ``auto`` uses it where the
-  kernel and the liburing package allow), the loop itself submits the batch's write
-  linked to its ``fdatasync``, and the writer thread only does the sink's work, side by
-  side with them; the batch completes once both are in (the ring's completion is read
-  from an eventfd, like a socket).  A batch that needs a new file or more preallocated
-  space is written by the thread as above.  The thread thus never waits on the disk's
-  sync, and the loop never waits for the thread to get the GIL back.
-* A batch's waiters are completed on the loop, after the thread (or the ring) reports
-  the fsync done and after :meth:`BatchSink.apply_on_loop` ran, so an
+* A batch's waiters are completed on the loop, after the thread reports the
+  fsync done and after :meth:`BatchSink.apply_on_loop` ran, so an
   acknowledged record is durable and (for storage) readable.  A waiter is a
   future (:meth:`Journal.append_batch`), whose callbacks run a loop turn later, or
   a callback (:meth:`Journal.append_batch_then`), called right there: the add path
@@ -75,23 +68,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ..config import BookieConfig
-from ..errors import BookieIOError, ConfigError, TooManyRequestsError
+from ..errors import BookieIOError, TooManyRequestsError
 from ..log import get_logger
 from ..stats import LatencyHistogram
-from .fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload, OsFileIO
+from .fileio import OS_FILE_IO, THREAD_OFFLOAD, FileIO, Offload
 from .freeing import shrink_then_unlink
 from .journal_files import list_journal_files
 from .journal_sync import JournalSync, Then, Waiter
 from .journal_writer import JournalFileWriter
-from .uring import RingUnavailable, RingWrite, SyncRing, open_ring
 
 T = TypeVar("T")
 
@@ -128,28 +118,6 @@ class _BatchResult:
     end_ns: int
 
 
-class _RingBatch:
-    """A batch written through the ring: its two halves, the write and sync (the ring)
-    and the sink's work (the writer thread), run side by side; the batch completes when
-    both are in."""
-
-    __slots__ = ("applied", "apply_error", "end", "lock", "nbytes", "seq", "sink_result",
-                 "start_ns", "synced")
-
-    def __init__(self, seq: int, end: int, nbytes: int) -> None:
-        self.lock = threading.Lock()
-        """Taken by whichever half ends, to learn whether it is the last (which then
-        completes the batch)."""
-        self.seq = seq
-        self.end = end
-        self.nbytes = nbytes
-        self.start_ns = time.time_ns()  # (wall clock: where tracing spans put it)
-        self.synced: RingWrite | None = None
-        self.applied = False
-        self.apply_error: BaseException | None = None
-        self.sink_result: Any = None
-
-
 # Queued: (encoded record, or a run of ADD records as one buffer; its sink item;
 # waiter or None; loop time enqueued; how many records)
 _Queued = tuple[bytes, Any, "Waiter | None", float, int]
@@ -173,7 +141,6 @@ class Journal:
         log: Any = None,
         io: FileIO = OS_FILE_IO,
         offload: Offload = THREAD_OFFLOAD,
-        ring_opener: Callable[[asyncio.AbstractEventLoop], SyncRing] = open_ring,
     ) -> None:
         self.directory = Path(directory)
         self.io = io
@@ -187,12 +154,6 @@ class Journal:
         self._queue_max = config.journal_queue_entries_max
         self._low_water = max(1, (3 * self._queue_max) // 4)
         self._worker = offload.worker("asyncbk-journal", 1)
-        self._io_mode = config.journal_io
-        self._ring_opener = ring_opener
-        self._ring: SyncRing | None = None
-        """The io_uring its batches are written and synced through (:mod:`.uring`), or
-        None: the writer thread does (``journal_io``, :meth:`_open_ring`)."""
-        self._ring_batch: _RingBatch | None = None
 
         # writer-thread state (touched only on the executor thread)
         self._files = JournalFileWriter(self.directory, io, config, self._log, first_seq)
@@ -222,7 +183,6 @@ class Journal:
 
         # statistics (loop)
         self._batches = 0
-        self._ring_batches = 0
         self._records = 0
         self._bytes = 0
         self._flush_reasons = dict.fromkeys(FLUSH_REASONS, 0)
@@ -242,29 +202,6 @@ class Journal:
         """Create the first journal file (``first_seq``); appends may follow."""
         self._loop = asyncio.get_running_loop()
         await self._worker.run(self._files.open, self._first_seq)
-        self._ring = self._open_ring(self._loop)
-
-    def _open_ring(self, loop: asyncio.AbstractEventLoop) -> SyncRing | None:
-        """The ring for ``journal_io`` ``uring`` or ``auto``, if it can be had.  Only for
-        the real files (``io`` the OS's: another seam, a simulator's or a test's faults,
-        sees every call on the writer thread) and with ``journal_sync``."""
-        if self._io_mode == "thread" or not self._files.syncs or not isinstance(
-                self.io, OsFileIO):
-            return None
-        try:
-            return self._ring_opener(loop)
-        except RingUnavailable as exc:
-            if self._io_mode == "uring":
-                raise ConfigError(f"journal_io = 'uring', but {exc}; set journal_io to "
-                                  "'auto' or 'thread' for the writer thread") from exc
-            self._log.info("journal: io_uring unavailable, writing with a thread",
-                           reason=str(exc))
-            return None
-
-    @property
-    def io_mode(self) -> str:
-        """How batches are written and synced: ``uring`` or ``thread`` (once started)."""
-        return "uring" if self._ring is not None else "thread"
 
     async def drain(self) -> None:
         """Stop accepting appends, write out everything queued, return once idle."""
@@ -287,11 +224,8 @@ class Journal:
         self._cancel_handles()
         if self._loop is not None and not self._closed:
             # FIFO worker: once this no-op ran, any batch in flight is finished (and
-            # its result, handed back before the no-op's, was seen to fail); through
-            # the ring, once the ring is idle too.
+            # its result, handed back before the no-op's, was seen to fail).
             await self._worker.run(_noop)
-            if self._ring is not None:
-                await self._ring.wait_idle()
         self._fail_all(self._failed)
 
     async def close(self) -> None:
@@ -304,14 +238,10 @@ class Journal:
             if self._loop is not None:
                 # (stopped as if the process died, or failed: the zeros stay, as a crash
                 # leaves them)
-                if self._ring is not None:
-                    await self._ring.wait_idle()
                 cut = self._failed is None and not self._thread_failed
                 await self._worker.run(functools.partial(self._files.close, cut=cut))
         finally:
             self._fail_all(BookieIOError("journal closed"))
-            if self._ring is not None and not self._ring.in_flight:
-                self._ring.close()
             await self._worker.shutdown()
 
     # --- appending ------------------------------------------------------
@@ -543,64 +473,10 @@ class Journal:
         self._inflight = futs
         self._busy = True
         self._batch = (items, reason, loop.time() - oldest, count)
-        buf = records[0] if len(records) == 1 else b"".join(records)
-        ring = self._ring
-        if ring is not None:
-            where = self._files.reserve(len(buf))
-            if where is not None:
-                self._ring_submit(ring, where, buf, records, items)
-                return
-        self._worker.submit(self._write_batch, (buf, records, items), self._batch_done)
-
-    # --- through the ring: the write and sync on the ring, the sink on the thread ---
-
-    def _ring_submit(self, ring: SyncRing, where: tuple[int, int], buf: bytes,
-                     records: list[bytes], items: list[Any]) -> None:
-        """Submit the batch's write and sync to the ring and, side by side, its sink
-        work to the writer thread (the entry log's append does not wait for the sync:
-        the batch is acknowledged once both are done)."""
-        fd, offset = where
-        end = offset + len(buf)
-        batch = self._ring_batch = _RingBatch(self._files.seq, end, len(buf))
-        try:
-            ring.write_then_fdatasync(fd, buf, offset, self._ring_synced)
-        except OSError as exc:
-            self._ring_batch = None
-            self._thread_failed = True
-            self._batch_done(None, exc)
-            return
-        self._ring_batches += 1
-        self._worker.post(self._apply_batch, (batch, records, items, self._loop))
-
-    def _ring_synced(self, result: RingWrite) -> None:
-        """The ring's half (loop).  Usually the sink's half ended first, and this one
-        completes the batch without the thread waking the loop."""
-        batch = self._ring_batch
-        assert batch is not None
-        if result.error is not None:
-            # (before the writer thread can see the sink's work as checkpointable)
-            self._thread_failed = True
-        with batch.lock:
-            batch.synced = result
-            last = batch.applied
-        if last:
-            self._ring_batch_done(batch)
-
-    def _ring_batch_done(self, batch: _RingBatch) -> None:
-        self._ring_batch = None
-        synced = batch.synced
-        assert synced is not None
-        exc = synced.error or batch.apply_error
-        if exc is not None:
-            self._batch_done(None, exc)
-            return
-        self._batch_done(_BatchResult(batch.sink_result, synced.write_s, synced.fsync_s,
-                                      batch.nbytes, batch.seq, batch.end, batch.start_ns,
-                                      time.time_ns()), None)
+        self._worker.submit(self._write_batch, (records, items), self._batch_done)
 
     def _batch_done(self, result: _BatchResult | None, exc: BaseException | None) -> None:
-        """The answer for the batch in flight (on the loop): the writer thread's, or
-        both halves of one written through the ring."""
+        """The writer thread's answer for the batch in flight (on the loop)."""
         self._busy = False
         items, reason, wait_s, count = self._batch
         self._batch = ([], "", 0.0, 0)
@@ -698,11 +574,12 @@ class Journal:
 
     # --- writer thread --------------------------------------------------
 
-    def _write_batch(self, buf: bytes, records: list[bytes], items: list[Any]) -> _BatchResult:
+    def _write_batch(self, records: list[bytes], items: list[Any]) -> _BatchResult:
         if self._thread_failed:
             raise BookieIOError("journal failed earlier")
         files = self._files
         try:
+            buf = records[0] if len(records) == 1 else b"".join(records)
             written = files.write(buf)
             sink_result = self._sink.apply_in_writer(records, items) if self._sink else None
         except BaseException:
@@ -711,36 +588,6 @@ class Journal:
         return _BatchResult(sink_result, written.write_s, written.fsync_s, len(buf), files.seq,
                             files.offset, written.start_ns, written.end_ns)
 
-    def _apply_batch(self, batch: _RingBatch, records: list[bytes], items: list[Any],
-                     loop: asyncio.AbstractEventLoop) -> None:
-        """The sink's half of a batch written through the ring (writer thread); then the
-        writer's position moves past it (what a checkpoint records: :attr:`position`).
-        Only if the ring's half ended first does it wake the loop to complete the batch."""
-        sink_result: Any = None
-        error: BaseException | None = None
-        if self._thread_failed:
-            error = BookieIOError("journal failed earlier")
-        else:
-            try:
-                if self._sink is not None:
-                    sink_result = self._sink.apply_in_writer(records, items)
-                files = self._files
-                files.advance(batch.end)
-                files.extend_ahead()
-            except BaseException as exc:  # handed to the loop, as a submit's would be
-                self._thread_failed = True
-                error = exc
-        with batch.lock:
-            batch.sink_result = sink_result
-            batch.apply_error = error
-            batch.applied = True
-            last = batch.synced is not None
-        if last:
-            try:
-                loop.call_soon_threadsafe(self._ring_batch_done, batch)
-            except RuntimeError:  # the loop is closed: nobody waits any more
-                pass
-
     @property
     def writer_failed(self) -> bool:
         """Writer-thread view of failure (use from inside :meth:`run_in_writer`)."""
@@ -748,11 +595,7 @@ class Journal:
 
     @property
     def position(self) -> tuple[int, int]:
-        """(file seq, offset) after the last batch whose sink work is done; writer thread
-        only.  Through the thread that batch is also synced; through the ring its sync
-        may still be in flight: a checkpoint up to here is still whole, since it makes
-        the entry logs durable (with that batch in them) before it records the position,
-        and only an acknowledgement needs the journal's sync."""
+        """(file seq, offset) after the last batch written; writer thread only."""
         return self._files.seq, self._files.offset
 
     def delete_files_before(self, seq: int) -> int:
@@ -774,8 +617,6 @@ class Journal:
         batches = self._batches
         return {
             "batches": batches,
-            "io": self.io_mode,
-            "ring_batches": self._ring_batches,
             "records": self._records,
             "bytes": self._bytes,
             "flush_reasons": dict(self._flush_reasons),

@@ -62,8 +62,6 @@ class JournalFileWriter:
             raise
         self._fd, self.seq, self.offset, self._allocated = fd, seq, 0, 0
         self.files_created += 1
-        if self._preallocate:
-            self._extend(0)  # (before the first batch, not with it)
 
     def write(self, buf: bytes) -> SyncedWrite:
         """Write ``buf`` (whole records) after the last record and sync it; in the next
@@ -88,35 +86,6 @@ class JournalFileWriter:
         t2 = time.perf_counter()
         self.offset = end
         return SyncedWrite(start_ns, time.time_ns(), t1 - t0, t2 - t1)
-
-    @property
-    def syncs(self) -> bool:
-        """Whether each batch is fdatasynced (``journal_sync``)."""
-        return self._sync
-
-    def reserve(self, nbytes: int) -> tuple[int, int] | None:
-        """Where ``nbytes`` of records go next, ``(fd, offset)``, if they need neither a
-        new file nor more allocated space (or None: then :meth:`write` them, which
-        rotates and extends).  Read on the event loop while no batch is in flight, for a
-        write submitted through io_uring (:mod:`.uring`); :meth:`advance` follows."""
-        end = self.offset + nbytes
-        if self.offset >= self._file_bytes_max or not self._sync or (
-                self._preallocate and end > self._allocated):
-            return None
-        return self._fd, self.offset
-
-    def extend_ahead(self) -> None:
-        """Allocate more zeros once less than half of ``journal_preallocate_bytes`` is
-        left past the records: between batches written through the ring, so that the
-        next ones find their space (:meth:`reserve`) and need not go by :meth:`write`."""
-        if self._preallocate and self.offset < self._file_bytes_max and (
-                self._allocated - self.offset < self._preallocate // 2):
-            self._extend(self.offset)
-
-    def advance(self, end: int) -> None:
-        """The records up to ``end`` were written elsewhere (space given by :meth:`reserve`):
-        the next ones follow them.  Writer thread."""
-        self.offset = end
 
     def close(self, *, cut: bool) -> None:
         """Close the current file; with ``cut``, after cutting its preallocated zeros (it

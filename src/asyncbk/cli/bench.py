@@ -336,9 +336,6 @@ def validate(args: argparse.Namespace) -> None:
     if args.metadata_uri is not None and getattr(args, "index_backend", None) is not None:
         raise CliError("--index-backend sets the local cluster's bookies: not with "
                        "--metadata-uri")
-    if args.metadata_uri is not None and getattr(args, "journal_io", None) is not None:
-        raise CliError("--journal-io sets the local cluster's bookies: not with "
-                       "--metadata-uri")
     check_extras(args)
 
 
@@ -353,9 +350,9 @@ async def bench_cluster(args: argparse.Namespace) -> AsyncIterator[tuple[str, Pr
     if metadata_uri is None:
         print(f"starting a local cluster (etcd + {count_text(args.bookies, 'bookie')}) ...",
               file=sys.stderr)
-        bookie_config = {key: getattr(args, key) for key in ("index_backend", "journal_io")
-                         if getattr(args, key, None)}
-        cluster = LocalCluster(bookies=args.bookies, bookie_config=bookie_config or None)
+        backend = getattr(args, "index_backend", None)
+        cluster = LocalCluster(bookies=args.bookies,
+                               bookie_config={"index_backend": backend} if backend else None)
         await cluster.start()
         metadata_uri = cluster.metadata_uri
     try:
@@ -425,7 +422,7 @@ def _result(args: argparse.Namespace, rec: Recorder, cpu_percent: dict[str, floa
     workload = args.workload if args.workload == "write" else f"read-{args.mode}"
     config_keys = ["entries", "inflight", "entry_size", "ensemble", "write_quorum",
                    "ack_quorum", "digest", "bookies", "warmup", "ledgers", "clients", "rate",
-                   "duration", "index_backend", "journal_io"]
+                   "duration", "index_backend"]
     if args.workload == "read":
         config_keys += ["mode", "batch"]
     return {

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import JOURNAL_IO_MODES
 from .common import (
     CliError,
     DefaultsFormatter,
@@ -75,9 +74,6 @@ def add_ledger_options(p: argparse.ArgumentParser, default_quorum: int) -> None:
     p.add_argument("--index-backend", choices=["memory", "lmdb"],
                    help="entry index of the local cluster's bookies, their index_backend "
                    "setting (without --metadata-uri; default: memory)")
-    p.add_argument("--journal-io", choices=list(JOURNAL_IO_MODES),
-                   help="how the local cluster's bookies write their journals, their "
-                   "journal_io setting (without --metadata-uri; default: auto)")
     p.add_argument("--warmup", type=int, default=1000, metavar="ENTRIES",
                    help="entries appended before measuring writes")
     add_output_options(p)

@@ -357,8 +357,6 @@ def _config_value(args: argparse.Namespace, key: str) -> Any:
     value = getattr(args, key, None)
     if key == "index_backend" and value is None and args.metadata_uri is None:
         return "memory"
-    if key == "journal_io" and value is None and args.metadata_uri is None:
-        return "auto"
     return value
 
 

@@ -530,9 +530,6 @@ class _InlineWorker:
             else:
                 done(result, None)
 
-    def post(self, fn: Callable[..., object], args: tuple[Any, ...]) -> None:
-        self.submit(fn, args, _nothing)
-
     async def shutdown(self) -> None:
         if self._submitted:
             await asyncio.wait(list(self._submitted))
@@ -542,10 +539,6 @@ class _InlineWorker:
     def abandon(self) -> None:
         for task in list(self._submitted):
             task.cancel()
-
-
-def _nothing(result: object, exc: BaseException | None) -> None:
-    """What a posted call hands back (:meth:`~asyncbk.bookie.fileio.Worker.post`)."""
 
 
 class InlineOffload:
