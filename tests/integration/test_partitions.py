@@ -216,6 +216,7 @@ async def test_rack_cut_while_writing(six: LocalCluster, policy: str, finding) -
     writer = asyncio.create_task(write())
     try:
         await asyncio.sleep(0.5)
+        t_cutting = loop.time()
         cut = await six.network.partition(bookie_hosts(SIX, cut_rack))
         t_cut = loop.time()
         await asyncio.sleep(ADD_TIMEOUT_S * 2.5)
@@ -228,12 +229,23 @@ async def test_rack_cut_while_writing(six: LocalCluster, policy: str, finding) -
     during = [lat for t, lat in latencies if t >= t_cut]
     worst = max(lat for t, lat in latencies if t + lat >= t_cut)
     assert during, "no append completed after the cut"
+    cut_took = t_cut - t_cutting
     finding(f"{policy}: longest append across the cut {worst * 1000:.0f} ms, {len(during)} "
-            f"appends in {ADD_TIMEOUT_S * 2.5:.0f} s of cut (add timeout {ADD_TIMEOUT_S:.0f} s)")
+            f"appends in {ADD_TIMEOUT_S * 2.5:.0f} s of cut (add timeout {ADD_TIMEOUT_S:.0f} s; "
+            f"the cut took {cut_took * 1000:.0f} ms)")
     if policy == "rack-aware":
         assert worst < ADD_TIMEOUT_S / 2, f"an append waited {worst:.2f}s"
     else:
-        assert worst >= ADD_TIMEOUT_S * 0.9, f"the longest wait was {worst:.2f}s"
+        # Appends stall until a cut bookie's add times out and it is replaced; the
+        # first to time out is the oldest add left unanswered on either cut bookie,
+        # which can be older than the stalled append: the third replica's answers are
+        # not waited for (Qa 2 of 3), so a slower bookie lags behind (runs here: 1.80
+        # and 1.86 s with the cut taking 37 ms).  And each host's filter is its own
+        # iptables-restore, so the two may be cut up to cut_took apart.  Still about
+        # the add timeout, and far longer than rack-aware's waits.
+        assert cut_took < ADD_TIMEOUT_S / 4, f"the cut took {cut_took:.2f}s"
+        assert worst >= ADD_TIMEOUT_S * 0.75 - cut_took, \
+            f"the longest wait was {worst:.2f}s (the cut took {cut_took:.2f}s)"
     # the cut bookies were replaced; a rack-aware ensemble still spans two racks
     last = lh.metadata.ensembles[-1][1]
     assert not {b for b in last if locations[b] == cut_rack}
