@@ -124,7 +124,7 @@ class UringWriter:
         self.next_id += 1
         self.jobs[job] = (chunk, answer, transport)
         sqe = L.io_uring_get_sqe(ring)
-        L.io_uring_prep_write(sqe, self.fd, chunk, len(chunk), offset)
+        L.io_uring_prep_write(sqe, self.fd, chunk, offset)
         L.io_uring_sqe_set_flags(sqe, L.IOSQE_IO_LINK)
         L.io_uring_sqe_set_data64(sqe, 0)
         sqe = L.io_uring_get_sqe(ring)
