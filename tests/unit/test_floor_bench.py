@@ -51,14 +51,20 @@ def test_floor_measures_the_io_uring_mode(tmp_path: Path) -> None:
 class _Answers:
     """Stands for a client's transport: what the server answered."""
 
-    def __init__(self) -> None:
+    def __init__(self, expected: int) -> None:
+        import asyncio
+
         self.written: list[bytes] = []
+        self.expected = expected
+        self.all_in = asyncio.Event()
 
     def is_closing(self) -> bool:
         return False
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
+        if len(self.written) == self.expected:
+            self.all_in.set()
 
 
 async def test_the_io_uring_writer_writes_each_chunk_at_its_offset(tmp_path: Path) -> None:
@@ -77,16 +83,17 @@ async def test_the_io_uring_writer_writes_each_chunk_at_its_offset(tmp_path: Pat
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         writer = floor.UringWriter(fd, asyncio.get_running_loop())
-        answers = _Answers()
         chunks = [bytes([65 + i]) * (100 + i) for i in range(5)]
+        answers = _Answers(len(chunks))
         offset = 0
         for i, chunk in enumerate(chunks):
             writer.submit(chunk, offset, b"%d" % i, answers)
             offset += len(chunk)
-        async with asyncio.timeout(10):
-            while len(answers.written) < len(chunks):
-                await asyncio.sleep(0.01)
+        await asyncio.wait_for(answers.all_in.wait(), 10)
         assert await asyncio.to_thread(path.read_bytes) == b"".join(chunks)
         assert sorted(answers.written) == [b"%d" % i for i in range(5)]
+        asyncio.get_running_loop().remove_reader(writer.efd)
+        writer.L.io_uring_queue_exit(writer.ring)
+        os.close(writer.efd)
     finally:
         os.close(fd)
