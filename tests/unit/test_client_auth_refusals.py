@@ -27,6 +27,7 @@ from asyncbk.net.connector import (
     may_be_silent_refusal,
     speaks_plain_protocol,
     speaks_tls,
+    tls_session_end,
 )
 from asyncbk.net.server import BookieListener, ServerConnection
 from asyncbk.proto import (
@@ -355,6 +356,52 @@ async def test_a_certificate_of_another_ca_is_refused_fast_with_the_cause(pki: P
         with pytest.raises(asyncio.TimeoutError):  # asyncbk's TimeoutError: no answer
             await fut
         await ch.close()
+
+
+async def test_a_close_the_bookie_does_not_repeat_is_no_refusal(pki: Pki) -> None:
+    """A TLS bookie that ends one connection of a client it accepts (a reset, a restart,
+    a loaded machine) before answering: the connector's second look, a session with
+    the client's own credentials, stays open, so that close is a lost connection, not
+    a refusal that would make the client's ledgers unusable (this once failed a
+    good writer in CI)."""
+    closed_once: list[bool] = []
+
+    class ClosesTheFirst(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            if not closed_once:
+                closed_once.append(True)
+                transport.close()
+
+    srv = await asyncio.get_running_loop().create_server(
+        ClosesTheFirst, "127.0.0.1", 0, ssl=pki.server_context())
+    bookie = f"127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+    good = TcpConnector(ssl_context=pki.client_context(pki.client_files))
+    try:
+        err = await first_answer(bookie, good, token=None)
+        assert closed_once and not isinstance(err, UnauthorizedAccessError), err
+        assert await good.explain_refusal(bookie, 2.0) is None
+        # the same server refuses a certificate of another CA, and is said to
+        stranger = TcpConnector(ssl_context=pki.client_context(pki.stranger_files))
+        said = await stranger.explain_refusal(bookie, 2.0)
+        assert said is not None and "certificate" in said
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+async def test_tls_session_end_tells_an_accepted_session_from_a_refused_one(
+        pki: Pki) -> None:
+    async with server(pki.server_context()) as bookie:
+        port = int(bookie.split(":")[1])
+        assert await tls_session_end("127.0.0.1", port, pki.client_context(pki.client_files),
+                                     "127.0.0.1", 2.0, hold_s=0.3) is None
+        ended = await tls_session_end("127.0.0.1", port,
+                                      pki.client_context(pki.stranger_files),
+                                      "127.0.0.1", 2.0, hold_s=2.0)
+        assert ended is not None
+    assert isinstance(await tls_session_end("127.0.0.1", free_port(),
+                                            pki.client_context(pki.client_files),
+                                            "127.0.0.1", 2.0), OSError)
 
 
 async def test_a_plain_client_of_a_tls_bookie_is_told_to_use_tls(pki: Pki) -> None:

@@ -15,10 +15,14 @@ A TLS terminator in front of a bookie may send an alert instead of closing
 silently (:func:`credential_refusal` reads the alerts that mean "your
 credentials").  For a silent close, :meth:`TcpConnector.explain_refusal` asks the
 address again, with a TLS handshake that offers no certificate and checks none
-(:func:`speaks_tls`): if a TLS server answers it, the bookie is up and speaks TLS,
-so the connection it closed before answering anything was a refusal.  A bookie
-that is down, a network that drops or resets connections, a proxy whose bookie is
-gone: none of them completes a TLS handshake, so none is taken for a refusal.
+(:func:`speaks_tls`): if a TLS server answers it, the bookie is up and speaks TLS.
+Then a second handshake offers this client's own credentials
+(:func:`tls_session_end`): if the bookie keeps that session open, it accepts them,
+and the connection it closed was lost for some other reason (a reset, a restart, a
+loaded machine); if it ends that session too, or refuses it with an alert, the
+close was a refusal.  A bookie that is down, a network that drops or resets
+connections, a proxy whose bookie is gone: none of them completes a TLS handshake,
+so none is taken for a refusal.
 The mirror case, a client with TLS and a bookie without, is shown the same way: a
 bookie answers a plain BOOKIE_INFO (:func:`speaks_plain_protocol`).
 """
@@ -123,6 +127,47 @@ async def speaks_tls(host: str, port: int, timeout_s: float) -> bool:
     return True
 
 
+SESSION_HOLD_S = 1.0
+"""How long a bookie must keep a session with this client's credentials open for
+:meth:`TcpConnector.explain_refusal` to take them as accepted (a bookie refusing a
+certificate ends the session as its handshake completes)."""
+
+
+class _SessionWatch(asyncio.Protocol):
+    def __init__(self, ended: asyncio.Future[BaseException]) -> None:
+        self._ended = ended
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._ended.done():
+            self._ended.set_result(exc if exc is not None else EOFError("session ended"))
+
+
+async def tls_session_end(host: str, port: int, ssl_context: ssl.SSLContext,
+                          server_hostname: str, timeout_s: float,
+                          hold_s: float = SESSION_HOLD_S) -> BaseException | None:
+    """How a TLS session opened with ``ssl_context`` (this client's own credentials)
+    ends within ``hold_s`` of its handshake: the error that failed the handshake or
+    ended the session (an ``EOFError`` for a plain close), or None if the server
+    kept it open that long (it accepts the credentials).  Sends no application
+    data."""
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[BaseException] = loop.create_future()
+    try:
+        async with asyncio.timeout(timeout_s):
+            transport, _ = await loop.create_connection(
+                lambda: _SessionWatch(ended), host, port, ssl=ssl_context,
+                server_hostname=server_hostname)
+    except (OSError, builtins.TimeoutError) as exc:  # (ssl.SSLError is an OSError)
+        return exc
+    try:
+        async with asyncio.timeout(hold_s):
+            return await ended
+    except builtins.TimeoutError:
+        return None
+    finally:
+        transport.abort()
+
+
 async def speaks_plain_protocol(host: str, port: int, timeout_s: float) -> bool:
     """Whether a bookie answers at ``host:port`` without TLS: a BOOKIE_INFO request
     (read-only) gets a well-formed answer, whatever its status (a bookie with tokens
@@ -207,6 +252,14 @@ class TcpConnector:
             return ("it serves TLS and this client connects without it: pass ssl=... (a "
                     "client context with the CA that signed the bookies' certificates; "
                     "--tls-ca for the tools)")
+        ended = await tls_session_end(host, port, self.ssl_context,
+                                      parse_bookie_id(bookie_id)[0], timeout_s,
+                                      min(timeout_s, SESSION_HOLD_S))
+        if ended is None:  # it keeps a session with these credentials: no refusal
+            return None
+        said = credential_refusal(ended)
+        if said is not None:
+            return said
         return ("it serves TLS but ended this client's TLS session before answering "
                 "anything: it refused this client's certificate (none given where it "
                 "requires one, not signed by the CA it trusts (--tls-ca), or expired); "
@@ -221,4 +274,4 @@ def tcp_connector(address_map: dict[BookieId, str] | None = None,
 
 __all__ = ["CREDENTIAL_ALERTS", "PROBE_FRAME_BYTES_MAX", "Connector", "ExplainsRefusals",
            "TcpConnector", "credential_refusal", "may_be_silent_refusal",
-           "speaks_plain_protocol", "speaks_tls", "tcp_connector"]
+           "speaks_plain_protocol", "speaks_tls", "tcp_connector", "tls_session_end"]
