@@ -387,6 +387,8 @@ async def test_a_close_the_bookie_does_not_repeat_is_no_refusal(pki: Pki) -> Non
     finally:
         srv.close()
         await srv.wait_closed()
+    # a bookie gone: its silence is not shown to be a refusal
+    assert await good.explain_refusal(f"127.0.0.1:{free_port()}", 2.0) is None
 
 
 async def test_tls_session_end_tells_an_accepted_session_from_a_refused_one(

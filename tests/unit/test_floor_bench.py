@@ -3,7 +3,10 @@ sync and answer, and a client that counts each append done at the second answer.
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,8 +55,6 @@ class _Answers:
     """Stands for a client's transport: what the server answered."""
 
     def __init__(self, expected: int) -> None:
-        import asyncio
-
         self.written: list[bytes] = []
         self.expected = expected
         self.all_in = asyncio.Event()
@@ -71,10 +72,6 @@ async def test_the_io_uring_writer_writes_each_chunk_at_its_offset(tmp_path: Pat
     """Each chunk lands where it was sent (liburing's io_uring_prep_write takes the
     offset as its fourth argument: given the length there, every chunk went to the
     same place, and the mode measured rewrites of one block)."""
-    import asyncio
-    import importlib.util
-    import os
-
     spec = importlib.util.spec_from_file_location("floor_bench", FLOOR)
     assert spec is not None and spec.loader is not None
     floor = importlib.util.module_from_spec(spec)

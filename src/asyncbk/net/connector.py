@@ -260,6 +260,8 @@ class TcpConnector:
         said = credential_refusal(ended)
         if said is not None:
             return said
+        if not (isinstance(ended, EOFError) or may_be_silent_refusal(ended)):
+            return None  # (refused or timed out: the bookie went away meanwhile)
         return ("it serves TLS but ended this client's TLS session before answering "
                 "anything: it refused this client's certificate (none given where it "
                 "requires one, not signed by the CA it trusts (--tls-ca), or expired); "
