@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import ssl
 import threading
@@ -393,17 +394,16 @@ async def test_a_close_the_bookie_does_not_repeat_is_no_refusal(pki: Pki) -> Non
 
 async def test_tls_session_end_tells_an_accepted_session_from_a_refused_one(
         pki: Pki) -> None:
+    def connect(bookie: str, files: Any) -> Any:
+        return functools.partial(TcpConnector(ssl_context=pki.client_context(files)), bookie)
+
     async with server(pki.server_context()) as bookie:
-        port = int(bookie.split(":")[1])
-        assert await tls_session_end("127.0.0.1", port, pki.client_context(pki.client_files),
-                                     "127.0.0.1", 2.0, hold_s=0.3) is None
-        ended = await tls_session_end("127.0.0.1", port,
-                                      pki.client_context(pki.stranger_files),
-                                      "127.0.0.1", 2.0, hold_s=2.0)
+        assert await tls_session_end(connect(bookie, pki.client_files), 2.0,
+                                     hold_s=0.3) is None
+        ended = await tls_session_end(connect(bookie, pki.stranger_files), 2.0, hold_s=2.0)
         assert ended is not None
-    assert isinstance(await tls_session_end("127.0.0.1", free_port(),
-                                            pki.client_context(pki.client_files),
-                                            "127.0.0.1", 2.0), OSError)
+    assert isinstance(await tls_session_end(connect(f"127.0.0.1:{free_port()}",
+                                                    pki.client_files), 2.0), OSError)
 
 
 async def test_a_plain_client_of_a_tls_bookie_is_told_to_use_tls(pki: Pki) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
@@ -142,21 +143,19 @@ class _SessionWatch(asyncio.Protocol):
             self._ended.set_result(exc if exc is not None else EOFError("session ended"))
 
 
-async def tls_session_end(host: str, port: int, ssl_context: ssl.SSLContext,
-                          server_hostname: str, timeout_s: float,
+async def tls_session_end(connect: Callable[[Callable[[], asyncio.Protocol]], Any],
+                          timeout_s: float,
                           hold_s: float = SESSION_HOLD_S) -> BaseException | None:
-    """How a TLS session opened with ``ssl_context`` (this client's own credentials)
-    ends within ``hold_s`` of its handshake: the error that failed the handshake or
-    ended the session (an ``EOFError`` for a plain close), or None if the server
-    kept it open that long (it accepts the credentials).  Sends no application
-    data."""
-    loop = asyncio.get_running_loop()
-    ended: asyncio.Future[BaseException] = loop.create_future()
+    """How a session opened by ``connect`` (a protocol factory in, ``(transport,
+    protocol)`` out: a :class:`TcpConnector` bound to a bookie, so with this client's
+    own credentials) ends within ``hold_s`` of its handshake: the error that failed
+    the handshake or ended the session (an ``EOFError`` for a plain close), or None
+    if the server kept it open that long (it accepts the credentials).  Sends no
+    application data."""
+    ended: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
     try:
         async with asyncio.timeout(timeout_s):
-            transport, _ = await loop.create_connection(
-                lambda: _SessionWatch(ended), host, port, ssl=ssl_context,
-                server_hostname=server_hostname)
+            transport, _ = await connect(lambda: _SessionWatch(ended))
     except (OSError, builtins.TimeoutError) as exc:  # (ssl.SSLError is an OSError)
         return exc
     try:
@@ -252,8 +251,7 @@ class TcpConnector:
             return ("it serves TLS and this client connects without it: pass ssl=... (a "
                     "client context with the CA that signed the bookies' certificates; "
                     "--tls-ca for the tools)")
-        ended = await tls_session_end(host, port, self.ssl_context,
-                                      parse_bookie_id(bookie_id)[0], timeout_s,
+        ended = await tls_session_end(functools.partial(self, bookie_id), timeout_s,
                                       min(timeout_s, SESSION_HOLD_S))
         if ended is None:  # it keeps a session with these credentials: no refusal
             return None
