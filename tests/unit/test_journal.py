@@ -15,6 +15,7 @@ from asyncbk.bookie import fileio as fileio_mod
 from asyncbk.bookie.journal import Journal
 from asyncbk.bookie.journal_files import list_journal_files
 from asyncbk.bookie.journal_format import AddRecord, Record, decode_records, encode_add
+from asyncbk.bookie.journal_writer import EARLY_WRITEBACK_BYTES_MIN
 from asyncbk.config import BookieConfig
 from asyncbk.errors import BookieIOError, TooManyRequestsError
 
@@ -309,7 +310,94 @@ async def test_sink_runs_on_writer_thread_before_futures_resolve(tmp_path: Path)
     await j.close()
 
 
-async def test_sink_failure_fails_journal(tmp_path: Path) -> None:
+async def test_sink_runs_while_the_disk_writes_the_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch is written, its write-back started (from EARLY_WRITEBACK_BYTES_MIN on),
+    the sink run, and only then is it fdatasync'd: the disk writes while the thread
+    copies to the entry log, and nothing resolves before the sync."""
+    events: list[Any] = []
+    real_writeback = fileio_mod.start_writeback
+
+    def writeback(fd: int, offset: int, length: int) -> None:
+        real_writeback(fd, offset, length)  # (the real call: Linux takes it)
+        events.append(("writeback", offset, length))
+
+    monkeypatch.setattr(fileio_mod, "start_writeback", writeback)
+    monkeypatch.setattr(fileio_mod, "fdatasync", lambda fd: events.append(("fdatasync",)))
+
+    class Sink:
+        def apply_in_writer(self, records: list[bytes], items: list[Any]) -> Any:
+            events.append(("sink", len(records)))
+            return "applied"
+
+        def apply_on_loop(self, items: list[Any], result: Any) -> None:
+            events.append(("loop", result))
+
+    j = await started(tmp_path, sink=Sink())
+    events.clear()  # (the file's creation)
+    size = len(rec(0, EARLY_WRITEBACK_BYTES_MIN))
+    await j.append(rec(0, EARLY_WRITEBACK_BYTES_MIN))
+    await asyncio.gather(*[j.append(rec(i, 3000)) for i in range(1, 4)])  # (small)
+    await asyncio.gather(*[j.append(rec(i, EARLY_WRITEBACK_BYTES_MIN // 2)) for i in (4, 5)])
+    small, half = len(rec(0, 3000)), len(rec(0, EARLY_WRITEBACK_BYTES_MIN // 2))
+    assert events == [("writeback", 0, size), ("sink", 1), ("fdatasync",), ("loop", "applied"),
+                      ("sink", 3), ("fdatasync",), ("loop", "applied"),
+                      ("writeback", size + 3 * small, 2 * half), ("sink", 2), ("fdatasync",),
+                      ("loop", "applied")]
+    await j.close()
+
+
+async def test_a_file_system_refusing_early_writeback_syncs_without_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def refused(fd: int, offset: int, length: int) -> None:
+        calls.append(offset)
+        raise OSError(errno.EINVAL, "sync_file_range: Invalid argument")
+
+    monkeypatch.setattr(fileio_mod, "start_writeback", refused)
+    syncs = []
+    monkeypatch.setattr(fileio_mod, "fdatasync", syncs.append)
+
+    class Sink:
+        def apply_in_writer(self, records: list[bytes], items: list[Any]) -> Any:
+            return None
+
+        def apply_on_loop(self, items: list[Any], result: Any) -> None:
+            pass
+
+    j = await started(tmp_path, sink=Sink())
+    for i in range(3):
+        await j.append(rec(i, EARLY_WRITEBACK_BYTES_MIN))
+    assert calls == [0]  # tried once, then no more
+    assert len(syncs) >= 3 and not j.failed
+    await j.close()
+    assert [r.entry_id for r in read_journal(tmp_path)] == [0, 1, 2]  # type: ignore[union-attr]
+
+
+async def test_no_sync_mode_starts_no_writeback(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(fileio_mod, "start_writeback", lambda fd, o, n: calls.append(o))
+
+    class Sink:
+        def apply_in_writer(self, records: list[bytes], items: list[Any]) -> Any:
+            return None
+
+        def apply_on_loop(self, items: list[Any], result: Any) -> None:
+            pass
+
+    j = await started(tmp_path, sink=Sink(), journal_sync=False)
+    await asyncio.gather(*[j.append(rec(i, EARLY_WRITEBACK_BYTES_MIN)) for i in range(5)])
+    assert calls == []
+    await j.close()
+
+
+async def test_sink_failure_fails_journal(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    syncs: list[int] = []
+    monkeypatch.setattr(fileio_mod, "fdatasync", syncs.append)
+
     class Sink:
         def apply_in_writer(self, records: list[bytes], items: list[Any]) -> Any:
             raise OSError(errno.EIO, "entry log broken")
@@ -318,9 +406,11 @@ async def test_sink_failure_fails_journal(tmp_path: Path) -> None:
             raise AssertionError("not reached")
 
     j = await started(tmp_path, sink=Sink())
+    syncs.clear()  # (the file's creation)
     with pytest.raises(BookieIOError):
         await j.append(rec(0))
     assert j.failed
+    assert syncs == []  # (the failed batch is never synced: nothing of it is acknowledged)
     await j.close()
 
 

@@ -18,8 +18,10 @@ rename or removal after :meth:`FileIO.fsync_dir` of its directory.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +31,25 @@ T = TypeVar("T")
 
 _FDATASYNC: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_SYNC_FILE_RANGE_WRITE = 2
+"""``SYNC_FILE_RANGE_WRITE`` (linux/fs.h): start writing the range's dirty pages."""
+
+
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """Linux's ``sync_file_range`` through ctypes (the ``os`` module has none), or None
+    where the system has no such call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
 
 
 class FileIO(Protocol):
@@ -69,6 +90,11 @@ class FileIO(Protocol):
 
     def fdatasync(self, fd: int) -> None:
         """Make the file's data durable."""
+        ...
+
+    def start_writeback(self, fd: int, offset: int, length: int) -> None:
+        """Start writing the range's data to the disk without waiting for it (a hint:
+        durable only after :meth:`fdatasync`; nothing where the system cannot)."""
         ...
 
     def truncate(self, fd: int, length: int) -> None:
@@ -121,6 +147,16 @@ def fdatasync(fd: int) -> None:
     by :class:`OsFileIO`, so tests can replace it (``monkeypatch.setattr(fileio,
     "fdatasync", ...)``) to make the real disk slow or failing."""
     _FDATASYNC(fd)
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """``sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE)`` where Linux has it
+    (nothing elsewhere); OSError if the file system refuses it.  Looked up at each call
+    by :class:`OsFileIO` (tests replace it)."""
+    fn = _SYNC_FILE_RANGE
+    if fn is not None and fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"sync_file_range: {os.strerror(err)}")
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -181,6 +217,9 @@ class OsFileIO:
 
     def fdatasync(self, fd: int) -> None:
         fdatasync(fd)
+
+    def start_writeback(self, fd: int, offset: int, length: int) -> None:
+        start_writeback(fd, offset, length)
 
     def truncate(self, fd: int, length: int) -> None:
         os.ftruncate(fd, length)

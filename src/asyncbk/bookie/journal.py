@@ -23,7 +23,9 @@ Threads and ownership
   buffer, one ``fdatasync``, file rotation and preallocation (its files:
   :class:`~.journal_writer.JournalFileWriter`), and the
   :class:`BatchSink` hook (the ledger storage appends the batch's entries to
-  its entry log there, so entry data costs no extra thread hop).  File
+  its entry log there, so entry data costs no extra thread hop; it runs between
+  the batch's write and its ``fdatasync``, while the disk writes the batch:
+  :mod:`.journal_writer`).  File
   position and descriptor are touched only on that thread; anything else
   that must be ordered with batches (checkpoints) goes through
   :meth:`Journal.run_in_writer`, which queues behind them (FIFO).
@@ -94,16 +96,20 @@ BATCH_RECORDS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 class BatchSink(Protocol):
-    """Work done with each batch, after its fsync and before its futures resolve."""
+    """Work done with each batch, before its futures resolve."""
 
     def apply_in_writer(self, records: list[bytes], items: list[Any]) -> Any:
-        """Runs on the writer thread after the batch's fsync, with what was queued
+        """Runs on the writer thread once the batch is written, before its
+        ``fdatasync`` returns (while the disk writes it), with what was queued
         (a record, or a run of records appended as one: :meth:`Journal.append_run_then`)
         and its item; the result is passed to :meth:`apply_on_loop`.  An exception
-        fails the journal."""
+        fails the journal (and the batch, unsynced).  What it writes is trusted only
+        up to a checkpoint, which comes after the batch (FIFO): a restart rebuilds
+        the rest from the synced journal, so work done before the sync is safe."""
 
     def apply_on_loop(self, items: list[Any], result: Any) -> None:
-        """Runs on the event loop just before the batch's futures resolve."""
+        """Runs on the event loop after the batch's fsync, just before its futures
+        resolve."""
 
 
 @dataclass(slots=True)
@@ -578,15 +584,17 @@ class Journal:
         if self._thread_failed:
             raise BookieIOError("journal failed earlier")
         files = self._files
+        sink = self._sink
         try:
             buf = records[0] if len(records) == 1 else b"".join(records)
-            written = files.write(buf)
-            sink_result = self._sink.apply_in_writer(records, items) if self._sink else None
+            # (the sink's work while the disk writes the batch: before its fdatasync)
+            written = files.write(buf, None if sink is None
+                                  else functools.partial(sink.apply_in_writer, records, items))
         except BaseException:
             self._thread_failed = True
             raise
-        return _BatchResult(sink_result, written.write_s, written.fsync_s, len(buf), files.seq,
-                            files.offset, written.start_ns, written.end_ns)
+        return _BatchResult(written.meanwhile, written.write_s, written.fsync_s, len(buf),
+                            files.seq, files.offset, written.start_ns, written.end_ns)
 
     @property
     def writer_failed(self) -> bool:

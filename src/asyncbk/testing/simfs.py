@@ -370,6 +370,11 @@ class SimMount:
     def pread(self, fd: int, length: int, offset: int) -> bytes:
         return bytes(self._open(fd).file.data[offset:offset + length])
 
+    def start_writeback(self, fd: int, offset: int, length: int) -> None:
+        """A hint, as on a real disk: nothing is durable before :meth:`fdatasync` (a
+        crash may still lose or keep the unsynced writes, as it would without it)."""
+        self._open(fd)
+
     def fdatasync(self, fd: int) -> None:
         o = self._open(fd)
         f = o.file

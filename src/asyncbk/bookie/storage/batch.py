@@ -57,10 +57,12 @@ class BatchApplied(NamedTuple):
 
 def write_batch(writer: EntryLogWriter, kv_index: KVEntryIndex | None, durable: DurableState,
                 records: list[bytes], items: list[Any]) -> BatchApplied:
-    """Writer thread, after the batch's fsync: copy ADD records (single, or runs) to
-    the entry log + index (the on-disk one: one transaction), apply the other records
-    to the durable ledger state, all in journal order (a deletion between adds of its
-    ledger stays between them).  With index.log, the first record of a ledger
+    """Writer thread, while the batch's journal write is synced (before its
+    ``fdatasync`` returns: a restart rebuilds whatever follows the last checkpoint from
+    the synced journal, so nothing here needs the sync first): copy ADD records
+    (single, or runs) to the entry log + index (the on-disk one: one transaction),
+    apply the other records to the durable ledger state, all in journal order (a
+    deletion between adds of its ledger stays between them).  With index.log, the first record of a ledger
     re-created after its deletion appends the deletion marker first
     (:meth:`EntryLogWriter.mark_if_due`): the index records written before it come
     before the marker, those of the new ledger after it."""

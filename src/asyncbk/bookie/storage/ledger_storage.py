@@ -420,7 +420,8 @@ class LedgerStorage:
     # --- journal sink (see journal.BatchSink) ---------------------------------
 
     def apply_in_writer(self, records: list[bytes], items: list[Any]) -> BatchApplied:
-        """Writer thread, after the batch's fsync: :func:`.batch.write_batch`."""
+        """Writer thread, while the batch's journal write is synced:
+        :func:`.batch.write_batch`."""
         return write_batch(self._writer, self._kv_index, self._durable, records, items)
 
     def apply_on_loop(self, items: list[Any], result: BatchApplied) -> None:
