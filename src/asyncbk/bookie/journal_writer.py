@@ -16,8 +16,8 @@ log there).  For a batch of some size (:data:`EARLY_WRITEBACK_BYTES_MIN`) it fir
 the kernel to start writing the batch's pages to the disk (``sync_file_range``,
 :meth:`~.fileio.FileIO.start_writeback`), so the disk works while the thread does: the
 ``fdatasync`` that follows waits only for what is left of the write and the disk's
-cache flush.  Nothing is acknowledged before that
-``fdatasync`` returns, as before.  Everything here runs on the writer thread only.
+cache flush.  Nothing is acknowledged before that ``fdatasync`` returns, as before.
+Everything here runs on the writer thread only.
 """
 
 from __future__ import annotations

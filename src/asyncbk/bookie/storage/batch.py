@@ -62,10 +62,10 @@ def write_batch(writer: EntryLogWriter, kv_index: KVEntryIndex | None, durable: 
     the synced journal, so nothing here needs the sync first): copy ADD records
     (single, or runs) to the entry log + index (the on-disk one: one transaction),
     apply the other records to the durable ledger state, all in journal order (a
-    deletion between adds of its ledger stays between them).  With index.log, the first record of a ledger
-    re-created after its deletion appends the deletion marker first
-    (:meth:`EntryLogWriter.mark_if_due`): the index records written before it come
-    before the marker, those of the new ledger after it."""
+    deletion between adds of its ledger stays between them).  With index.log, the
+    first record of a ledger re-created after its deletion appends the deletion marker
+    first (:meth:`EntryLogWriter.mark_if_due`): the index records written before it
+    come before the marker, those of the new ledger after it."""
     ops: list[IndexOp] = []
     added: list[Written] = []
     deleted: list[int] = []
