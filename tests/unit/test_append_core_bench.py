@@ -4,22 +4,19 @@ signature stops it here first), complete every entry it submits, and time each s
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.modules import load_script
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "append_core.py"
 
 
 @pytest.fixture(scope="module")
 def append_core() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("append_core_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH, "append_core_bench")
 
 
 @pytest.mark.parametrize("inflight", [1, 3, 256])

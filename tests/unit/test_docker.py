@@ -12,7 +12,6 @@ The image build itself is ``nox -s docker`` (it needs podman or docker)."""
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import os
 import re
 import shutil
@@ -29,6 +28,8 @@ from typing import Any
 import pytest
 import trustme
 from ruamel.yaml import YAML  # a direct test dependency (pyproject's test extra)
+
+from tests.modules import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -52,11 +53,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"docker_{name}", DOCKER / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DOCKER / f"{name}.py", f"docker_{name}")
 
 
 # ----------------------------------------------------------------- the linters

@@ -4,12 +4,13 @@ sync and answer, and a client that counts each append done at the second answer.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.modules import load_script
 
 FLOOR = Path(__file__).resolve().parents[2] / "benchmarks" / "floor.py"
 
@@ -72,10 +73,7 @@ async def test_the_io_uring_writer_writes_each_chunk_at_its_offset(tmp_path: Pat
     """Each chunk lands where it was sent (liburing's io_uring_prep_write takes the
     offset as its fourth argument: given the length there, every chunk went to the
     same place, and the mode measured rewrites of one block)."""
-    spec = importlib.util.spec_from_file_location("floor_bench", FLOOR)
-    assert spec is not None and spec.loader is not None
-    floor = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(floor)
+    floor = load_script(FLOOR, "floor_bench")
     path = tmp_path / "server.dat"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

@@ -5,22 +5,19 @@ copy must still compile, or the benchmark stops (here it fails first)."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.modules import load_script
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "hops.py"
 
 
 @pytest.fixture(scope="module")
 def hops() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hops_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH, "hops_bench")
 
 
 def test_every_mark_lands_once_and_the_copy_compiles(hops: ModuleType, tmp_path: Path) -> None:

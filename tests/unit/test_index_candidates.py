@@ -4,24 +4,19 @@ same answers after close and reopen."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.modules import load_script
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "index_candidates.py"
 
 
 def _load() -> Any:
-    spec = importlib.util.spec_from_file_location("index_candidates", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["index_candidates"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH, "index_candidates", register=True)
 
 
 ic = _load()

@@ -11,7 +11,6 @@ No cluster is involved: nothing here is applied anywhere."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import re
 import shutil
@@ -28,6 +27,8 @@ import kubernetes_validate
 import pytest
 import trustme
 from ruamel.yaml import YAML
+
+from tests.modules import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "docker" / "kubernetes"
@@ -302,11 +303,7 @@ def test_secrets_come_from_mounted_files_or_secret_references_never_values(
 
 
 def _load_entrypoint() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("k8s_entrypoint", ENTRYPOINT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ENTRYPOINT, "k8s_entrypoint")
 
 
 def _pod_name(doc: dict[str, Any]) -> str:
