@@ -337,11 +337,9 @@ async def test_sink_runs_while_the_disk_writes_the_batch(
     events.clear()  # (the file's creation)
     size = len(rec(0, EARLY_WRITEBACK_BYTES_MIN))
     await j.append(rec(0, EARLY_WRITEBACK_BYTES_MIN))
-    small_payload = EARLY_WRITEBACK_BYTES_MIN // 8  # (three of them: below the bound)
-    await asyncio.gather(*[j.append(rec(i, small_payload)) for i in range(1, 4)])
+    await asyncio.gather(*[j.append(rec(i, 3000)) for i in range(1, 4)])  # (small)
     await asyncio.gather(*[j.append(rec(i, EARLY_WRITEBACK_BYTES_MIN // 2)) for i in (4, 5)])
-    small = len(rec(0, small_payload))
-    half = len(rec(0, EARLY_WRITEBACK_BYTES_MIN // 2))
+    small, half = len(rec(0, 3000)), len(rec(0, EARLY_WRITEBACK_BYTES_MIN // 2))
     assert events == [("writeback", 0, size), ("sink", 1), ("fdatasync",), ("loop", "applied"),
                       ("sink", 3), ("fdatasync",), ("loop", "applied"),
                       ("writeback", size + 3 * small, 2 * half), ("sink", 2), ("fdatasync",),

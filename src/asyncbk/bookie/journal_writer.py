@@ -31,12 +31,10 @@ from ..config import BookieConfig
 from .fileio import FileIO
 from .journal_format import journal_file_name
 
-EARLY_WRITEBACK_BYTES_MIN = 8 * 1024
+EARLY_WRITEBACK_BYTES_MIN = 32 * 1024
 """Batches from this size on start the disk's write before ``meanwhile`` (module
 docstring).  Below it the overlap is too short to pay for the extra call: a lone add
-measured no faster with it, and its bookie used more CPU; from 8 KiB rather than
-32 KiB, the open loop's tail was lower in 7 of 8 interleaved runs
-(benchmarks/README.md)."""
+measured no faster with it, and its bookie used more CPU (benchmarks/README.md)."""
 
 
 class SyncedWrite(NamedTuple):
