@@ -9,17 +9,17 @@ checks those names against a live cluster's endpoints."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 from ruamel.yaml import YAML  # a direct test dependency (pyproject's test extra)
+
+from tests.modules import load_script
 
 from .test_alerts import promtool
 
@@ -87,16 +87,8 @@ def label_matchers(expr: str) -> list[tuple[str, set[str]]]:
 
 
 def load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("asyncbk_grafana_generate",
-                                                  GRAFANA / "generate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
+    # (registered: its dataclasses look their module up)
+    return load_script(GRAFANA / "generate.py", "asyncbk_grafana_generate", register=True)
 
 
 def dashboards() -> dict[str, dict[str, Any]]:
